@@ -1,0 +1,7 @@
+"""`python -m bnfold` is `bnfold-opt`."""
+
+import sys
+
+from bnfold.cli import main
+
+sys.exit(main())

@@ -1,0 +1,249 @@
+"""Recognise per-channel affine maps `y = x * s + t`, however they are spelled.
+
+Every exporter writes inference batch norm differently (see forms.md): Flax
+subtracts the mean then multiplies by `rsqrt(var + eps) * gamma`, Equinox
+divides by `sqrt(var + eps)`, Keras builds a scale and shift with `negate`,
+torchax multiplies twice, torch_xla emits `batch_norm_inference`. All of them
+are a chain of *steps*, each taking the activation and constants:
+
+    add(x, c)  add(c, x)  subtract(x, c)  subtract(c, x)  multiply(x, c)
+    multiply(c, x)  divide(x, c)  negate(x)  reshape(x)
+    batch_norm_inference(x, gamma, beta, mean, var)
+
+A chain of steps composes into one per-channel `(s, t)` in float64 as long as
+every constant is a scalar or varies only along the channel axis (which
+reshapes may move). This module is the shared grammar used by the backward
+and forward folding patterns.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from bnfold.constants import Evaluator, map_axis_through_reshape, per_channel
+from bnfold.elements import tensor_type
+from bnfold.ir import ir
+
+STEP_NAMES = (
+    "stablehlo.add",
+    "stablehlo.subtract",
+    "stablehlo.multiply",
+    "stablehlo.divide",
+    "stablehlo.negate",
+    "stablehlo.reshape",
+    "stablehlo.batch_norm_inference",
+)
+# Steps that carry normalization (as opposed to a bias or a layout change).
+SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
+           "stablehlo.batch_norm_inference")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One op of a chain and the index of its activation operand."""
+
+    op: ir.Operation
+    x_index: int
+
+    @property
+    def name(self) -> str:
+        return self.op.name
+
+    @property
+    def result(self) -> ir.Value:
+        return self.op.results[0]
+
+
+def as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
+    """`op` as a chain step (activation operand + constants), or None."""
+    name = op.name
+    if name not in STEP_NAMES or len(op.results) != 1:
+        return None
+    if tensor_type(op.results[0]) is None:
+        return None
+    operands = list(op.operands)
+    if name in ("stablehlo.negate", "stablehlo.reshape"):
+        return None if evaluator.constant(operands[0]) is not None else Step(op, 0)
+    if name == "stablehlo.batch_norm_inference":
+        if evaluator.constant(operands[0]) is not None:
+            return None
+        return Step(op, 0)
+    a_const = evaluator.constant(operands[0]) is not None
+    b_const = evaluator.constant(operands[1]) is not None
+    if a_const == b_const:
+        return None
+    if name == "stablehlo.divide" and a_const:
+        return None  # c / x is not affine in x
+    return Step(op, 1 if a_const else 0)
+
+
+def single_use(value: ir.Value) -> bool:
+    uses = iter(value.uses)
+    return next(uses, None) is not None and next(uses, None) is None
+
+
+def use_count(value: ir.Value) -> int:
+    return sum(1 for _ in value.uses)
+
+
+def sole_user(value: ir.Value) -> ir.Operation | None:
+    uses = list(value.uses)
+    if len(uses) != 1:
+        return None
+    owner = uses[0].owner
+    return owner.operation if isinstance(owner, ir.OpView) else owner
+
+
+def extends(value: ir.Value, evaluator: Evaluator) -> bool:
+    """True when the sole user of `value` is a step taking it as activation."""
+    user = sole_user(value)
+    if user is None:
+        return False
+    step = as_step(user, evaluator)
+    return step is not None and step.op.operands[step.x_index] == value and \
+        same_block(user, value)
+
+
+def same_block(op: ir.Operation, value: ir.Value) -> bool:
+    owner = value.owner
+    owner = owner.operation if isinstance(owner, ir.OpView) else owner
+    if not isinstance(owner, ir.Operation):
+        return False
+    return owner.block == op.block
+
+
+@dataclass
+class Affine:
+    """`y = x * scale + shift` per channel, on a value of `shape` with channels on `axis`."""
+
+    scale: np.ndarray
+    shift: np.ndarray
+    axis: int
+    shape: tuple[int, ...]
+    origin: int  # the producer-result axis the channels started on
+    gamma_beta: list[dict[str, np.ndarray]] = field(default_factory=list)
+
+    @classmethod
+    def identity(cls, shape: tuple[int, ...], axis: int) -> Affine:
+        n = shape[axis]
+        return cls(np.ones(n), np.zeros(n), axis, shape, axis)
+
+    @property
+    def channels(self) -> int:
+        return self.shape[self.axis]
+
+
+def _vector(value: ir.Value, evaluator: Evaluator, axis: int) -> np.ndarray | str:
+    const = evaluator.constant(value)
+    if const is None:
+        return "operand is not constant"
+    return per_channel(const, axis)
+
+
+def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | str:
+    """`affine` followed by `step`, or why the step does not compose per channel."""
+    name = step.name
+    op = step.op
+    if name == "stablehlo.reshape":
+        after = tuple(ir.RankedTensorType(op.results[0].type).shape)
+        axis = map_axis_through_reshape(affine.shape, after, affine.axis)
+        if axis is None:
+            return f"reshape {affine.shape} -> {after} merges or splits the feature axis"
+        return replace(affine, axis=axis, shape=after)
+    if name == "stablehlo.negate":
+        return replace(affine, scale=-affine.scale, shift=-affine.shift)
+    if name == "stablehlo.batch_norm_inference":
+        return _apply_batch_norm(affine, op, evaluator)
+    c = _vector(op.operands[1 - step.x_index], evaluator, affine.axis)
+    if isinstance(c, str):
+        return c
+    s, t = affine.scale, affine.shift
+    if name == "stablehlo.add":
+        return replace(affine, scale=s, shift=t + c)
+    if name == "stablehlo.subtract":
+        if step.x_index == 0:
+            return replace(affine, scale=s, shift=t - c)
+        return replace(affine, scale=-s, shift=c - t)
+    if name == "stablehlo.multiply":
+        return replace(affine, scale=s * c, shift=t * c)
+    if name == "stablehlo.divide":
+        if np.any(c == 0):
+            return "division by a per-channel constant that is zero"
+        return replace(affine, scale=s / c, shift=t / c)
+    raise AssertionError(name)
+
+
+def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) -> Affine | str:
+    feature = ir.IntegerAttr(op.attributes["feature_index"]).value
+    if feature != affine.axis:
+        return f"feature_index {feature} is not the producer's output-feature axis {affine.axis}"
+    stats: dict[str, np.ndarray] = {}
+    for name, value in zip(("gamma", "beta", "mean", "variance"), list(op.operands)[1:]):
+        const = evaluator.constant(value)
+        if const is None:
+            return f"batch_norm_inference {name} is not constant"
+        vector = per_channel(const, 0)
+        if isinstance(vector, str):
+            return f"batch_norm_inference {name}: {vector}"
+        stats[name] = vector
+    eps = ir.FloatAttr(op.attributes["epsilon"]).value
+    stats["epsilon"] = np.float64(eps)
+    denom = stats["variance"] + eps
+    if np.any(denom <= 0) or not np.all(np.isfinite(denom)):
+        return "variance + epsilon is not positive and finite"
+    a = stats["gamma"] / np.sqrt(denom)
+    scale = affine.scale * a
+    shift = (affine.shift - stats["mean"]) * a + stats["beta"]
+    return replace(affine, scale=scale, shift=shift, gamma_beta=affine.gamma_beta + [stats])
+
+
+@dataclass(frozen=True)
+class Composed:
+    """The longest foldable prefix of a chain and the affine it composes to."""
+
+    steps: list[Step]
+    affine: Affine
+    stop_reason: str | None  # why the next step (if any) could not be added
+
+    @property
+    def normalizes(self) -> bool:
+        """Worth folding: scales, or more than one additive step."""
+        names = [s.name for s in self.steps if s.name != "stablehlo.reshape"]
+        return any(n in SCALING for n in names) or len(names) >= 2
+
+
+def compose(steps: list[Step], start: Affine, evaluator: Evaluator) -> Composed:
+    affine = start
+    for i, step in enumerate(steps):
+        nxt = apply(affine, step, evaluator)
+        if isinstance(nxt, str):
+            return Composed(_trim_reshapes(steps[:i]), _undo_trailing(affine, steps[:i]), nxt)
+        affine = nxt
+    trimmed = _trim_reshapes(steps)
+    return Composed(trimmed, affine if len(trimmed) == len(steps) else _undo_trailing(affine, steps), None)
+
+
+def _trim_reshapes(steps: list[Step]) -> list[Step]:
+    """Trailing reshapes stay in the IR: folding them gains nothing."""
+    end = len(steps)
+    while end and steps[end - 1].name == "stablehlo.reshape":
+        end -= 1
+    return steps[:end]
+
+
+def _undo_trailing(affine: Affine, steps: list[Step]) -> Affine:
+    """The affine before any trailing reshapes of `steps` (shape and axis of the last kept step)."""
+    trimmed = _trim_reshapes(steps)
+    if len(trimmed) == len(steps):
+        return affine
+    if trimmed:
+        shape = tuple(ir.RankedTensorType(trimmed[-1].result.type).shape)
+    else:
+        first = steps[0]
+        shape = tuple(ir.RankedTensorType(first.op.operands[first.x_index].type).shape)
+    # Channels stay whole through every kept reshape, so find the axis again.
+    axis = map_axis_through_reshape(affine.shape, shape, affine.axis)
+    assert axis is not None
+    return replace(affine, axis=axis, shape=shape)

@@ -1,0 +1,236 @@
+"""bnfold-opt: fold batch normalization in StableHLO files, opt-style.
+
+Exit status: 0 on success (whether or not anything folded), 1 on bad input,
+bad options or an internal error. On failure nothing is written to the
+output file: output goes through a temporary file and a rename.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Sequence
+
+from bnfold import __version__
+from bnfold.errors import BnfoldError
+from bnfold.pipeline import FoldOptions, fold_module
+from bnfold.patterns import PATTERNS, OPT_IN
+from bnfold.report import Report
+
+PROG = "bnfold-opt"
+_SPLIT_RE = re.compile(r"^// -----.*$", re.MULTILINE)
+
+EPILOG = """\
+patterns (names for --disable):
+{patterns}
+
+examples:
+  bnfold-opt model.mlir                        print the folded module, summary on stderr
+  bnfold-opt model.mlir -o folded.mlirbc --emit bytecode
+  bnfold-opt exported.bin --emit portable -o folded.bin   (jax.export artifacts)
+  bnfold-opt model.mlir --report report.json --report-params stats.npz
+  bnfold-opt model.mlir --bind-params params.npz          (fold parameters passed as arguments)
+  bnfold-opt model.mlir --disable forward-affine --skip-func encoder
+  cat model.mlir | bnfold-opt - --expand-batch-norm > expanded.mlir
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    patterns = "\n".join(
+        f"  {p.name:20s} {p.description}" + (" [opt-in]" if p.name in OPT_IN else "")
+        for p in PATTERNS)
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Fold batch normalization (batch_norm_inference and the decomposed chains "
+                    "real exporters emit) into the preceding or following convolution / "
+                    "dot_general of a StableHLO module.",
+        epilog=EPILOG.format(patterns=patterns),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("input", nargs="?", default="-", metavar="INPUT",
+                        help="MLIR text, MLIR bytecode or a StableHLO portable artifact "
+                             "(format detected); '-' or omitted reads stdin")
+    parser.add_argument("-o", "--output", default="-", metavar="OUTPUT",
+                        help="where to write the folded module (default: stdout); written "
+                             "atomically, never partially")
+    parser.add_argument("--emit", choices=("mlir", "bytecode", "portable"), default="mlir",
+                        help="output format: MLIR text (default), MLIR bytecode, or a "
+                             "StableHLO portable artifact (VHLO bytecode, as jax.export writes)")
+    parser.add_argument("--target-version", metavar="V",
+                        help="StableHLO version for --emit portable, e.g. 1.0.0 "
+                             "(default: the current version)")
+    parser.add_argument("--report", metavar="FILE.json",
+                        help="write the fold report (folds and skipped ops with reasons) as JSON")
+    parser.add_argument("--report-params", metavar="FILE.npz",
+                        help="save each fold's statistics as <fold id>/<name> arrays: scale, "
+                             "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference")
+    parser.add_argument("--bind-params", metavar="FILE.npz",
+                        help="bind function arguments to these arrays before folding; keys are "
+                             "argN or argument names (jax.arg_info / loc names); bound arguments "
+                             "become constants and leave the signature")
+    parser.add_argument("--bind-func", default="main", metavar="NAME",
+                        help="function whose arguments --bind-params binds (default: main)")
+    parser.add_argument("--disable", default="", metavar="NAMES",
+                        help="comma-separated pattern names not to run (see below)")
+    parser.add_argument("--skip-func", action="append", default=[], metavar="NAME",
+                        help="leave function NAME untouched (repeatable)")
+    parser.add_argument("--expand-batch-norm", action="store_true",
+                        help="rewrite every batch_norm_inference that did not fold into "
+                             "multiply + add (for the reference interpreter and back ends "
+                             "without a batch-norm op)")
+    parser.add_argument("--split-input-file", action="store_true",
+                        help="treat '// -----' lines as separators of independent modules")
+    parser.add_argument("--print-debuginfo", action="store_true",
+                        help="print locations in MLIR text output")
+    parser.add_argument("-q", "--quiet", action="store_true",
+                        help="no summary line on stderr")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    name = "<stdin>" if args.input == "-" else args.input
+    try:
+        return _run(args, name)
+    except BnfoldError as e:
+        print(f"{PROG}: {_prefixed(str(e))}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted; no output written", file=sys.stderr)
+        return 1
+    except Exception:  # noqa: BLE001 - reported with a reproducer, never a bare traceback
+        print(f"{PROG}: internal error while processing {name}; no output written.\n"
+              f"{_save_reproducer(args, traceback.format_exc())}", file=sys.stderr)
+        return 1
+
+
+def _prefixed(message: str) -> str:
+    return message if ": error:" in message or message.startswith("error") else f"error: {message}"
+
+
+def _options(args: argparse.Namespace) -> FoldOptions:
+    disable = frozenset(n.strip() for n in args.disable.split(",") if n.strip())
+    try:
+        return FoldOptions(disable=disable, skip_functions=frozenset(args.skip_func),
+                           expand_batch_norm=args.expand_batch_norm)
+    except ValueError as e:
+        raise BnfoldError(f"error: --disable: {e}") from None
+
+
+def _read(path: str) -> bytes:
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise BnfoldError(f"error: cannot read '{path}': {e.strerror}") from None
+
+
+def _run(args: argparse.Namespace, name: str) -> int:
+    from bnfold import ir as bir
+
+    options = _options(args)
+    if args.split_input_file and args.emit != "mlir":
+        raise BnfoldError("error: --split-input-file works with --emit mlir only")
+    if args.target_version and args.emit != "portable":
+        raise BnfoldError("error: --target-version needs --emit portable")
+    bound = _load_params(args.bind_params) if args.bind_params else None
+    data = _read(args.input)
+    if not data.strip():
+        raise BnfoldError(f"{name}: error: input is empty")
+    start = time.perf_counter()
+    report = Report()
+    if args.split_input_file:
+        chunks = _split(data)
+    else:
+        chunks = [data]
+    outputs: list[bytes] = []
+    errors: list[str] = []
+    for chunk in chunks:
+        context = bir.make_context()
+        try:
+            parsed = bir.parse(chunk, context, name=name)
+            with context, bir.ir.Location.unknown():
+                if bound is not None:
+                    from bnfold.binding import bind_arguments
+                    bind_arguments(parsed.module, bound, function=args.bind_func, source_name=name)
+                report.merge(fold_module(parsed.module, options, source_name=name))
+                outputs.append(bir.serialize(parsed.module, args.emit,
+                                             target_version=args.target_version,
+                                             debug_info=args.print_debuginfo))
+        except BnfoldError as e:
+            errors.append(_prefixed(str(e)))
+    if errors:
+        print("\n".join(errors), file=sys.stderr)
+        return 1
+    out = b"// -----\n".join(outputs) if args.split_input_file else outputs[0]
+    _write(args.output, out)
+    if args.report:
+        bir.write_atomically(args.report, report.dumps().encode())
+    if args.report_params:
+        report.save_params(args.report_params)
+    if not args.quiet:
+        elapsed = time.perf_counter() - start
+        print(f"{PROG}: {name}: {report.summary()} in {elapsed:.2f} s", file=sys.stderr)
+    return 0
+
+
+def _split(data: bytes) -> list[bytes]:
+    """Splits on '// -----', padding each chunk so line numbers match the file."""
+    text = data.decode("utf-8", errors="replace")
+    chunks = []
+    line = 0
+    for piece in _SPLIT_RE.split(text):
+        chunks.append(("\n" * line + piece).encode())
+        line += piece.count("\n")
+    return chunks
+
+
+def _write(path: str, data: bytes) -> None:
+    from bnfold.ir import write_atomically
+
+    if path == "-":
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    try:
+        write_atomically(path, data)
+    except OSError as e:
+        raise BnfoldError(f"error: cannot write '{path}': {e.strerror}") from None
+
+
+def _load_params(path: str) -> dict[str, object]:
+    import numpy as np
+
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            return {k: npz[k] for k in npz.files}
+    except (OSError, ValueError) as e:
+        raise BnfoldError(f"error: cannot read parameters '{path}': {e}") from None
+
+
+def _save_reproducer(args: argparse.Namespace, trace: str) -> str:
+    """torch-mlir style: keep the input and the traceback, print the exact command."""
+    directory = tempfile.mkdtemp(prefix="bnfold-repro-")
+    source = os.path.join(directory, "input")
+    if args.input != "-" and os.path.exists(args.input):
+        with open(args.input, "rb") as src, open(source, "wb") as dst:
+            dst.write(src.read())
+    with open(os.path.join(directory, "traceback.txt"), "w") as f:
+        f.write(trace)
+    flags = [a for a in sys.argv[1:] if a != args.input]
+    return (f"Saved a reproducer in {directory} (input and traceback.txt). Reproduce with:\n"
+            f"  {PROG} {source} {' '.join(flags)}\n"
+            f"Please file it with the traceback: this is a bnfold bug.")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""Evaluate constant-only subgraphs with numpy.
+
+Values are held as *compact* arrays: an array of the value's rank whose
+dimensions are either the full size or 1, broadcastable to the full shape.
+`broadcast_in_dim(constant(dense<[..4 values..]>))` to 1x56x56x4 is held as a
+1x1x1x4 array, so per-channel statistics never materialize at activation size.
+Floats are computed in float64 (`convert` rounds to its target type, as the
+program would); integers and booleans keep their own type and wrap-around.
+
+    %m = stablehlo.constant dense<[1.0, 2.0]> : tensor<2xf32>
+    %b = stablehlo.broadcast_in_dim %m, dims = [3] : (tensor<2xf32>) -> tensor<1x8x8x2xf32>
+    -> Const(array=[[[[1., 2.]]]] (shape 1x1x1x2), shape=(1, 8, 8, 2))
+
+Calls of private functions (`func.call @_flip`, Keras' `@_where`) are evaluated
+through the callee's body with its arguments bound.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnfold import elements
+from bnfold.ir import ir
+
+# Guards against materializing something huge while evaluating a reshape or a
+# concatenate of a broadcast (elements, not bytes).
+MAX_MATERIALIZED_ELEMENTS = 1 << 27
+MAX_CALL_DEPTH = 16
+
+
+@dataclass(frozen=True)
+class Const:
+    """A constant value: a compact array and the value's full static shape."""
+
+    array: np.ndarray
+    shape: tuple[int, ...]
+    dtype: np.dtype  # the value's own element dtype (float16, bfloat16, int32, ...)
+
+    def full(self) -> np.ndarray:
+        """The value at full shape (a read-only broadcast view, no copy)."""
+        return np.broadcast_to(self.array, self.shape)
+
+
+@dataclass(frozen=True)
+class NotConst:
+    """Why a value is not a compile-time constant."""
+
+    reason: str
+
+
+Result = Const | NotConst
+
+
+class Evaluator:
+    """Memoizing evaluator over the values of one module.
+
+    Create one per pass run: results are cached per `ir.Value` and stay valid
+    as long as the constant ops they came from are not modified (bnfold only
+    ever adds new constants and erases dead ones).
+    """
+
+    def __init__(self, module: ir.Module, *, bindings: dict[ir.Value, Const] | None = None,
+                 depth: int = 0, functions: dict[str, ir.Operation] | None = None) -> None:
+        self._module = module
+        self._memo: dict[ir.Value, Result] = dict(bindings or {})
+        self._depth = depth
+        self._functions = functions
+
+    # -- public ---------------------------------------------------------------
+
+    def evaluate(self, value: ir.Value) -> Result:
+        """The constant value of `value`, or why it is not one."""
+        cached = self._memo.get(value)
+        if cached is not None:
+            return cached
+        # Iterative post-order so long constant chains cannot hit Python's
+        # recursion limit.
+        stack: list[tuple[ir.Value, bool]] = [(value, False)]
+        while stack:
+            current, expanded = stack.pop()
+            if current in self._memo:
+                continue
+            owner = current.owner
+            if not isinstance(owner, ir.Operation) and not isinstance(owner, ir.OpView):
+                self._memo[current] = NotConst("block argument")
+                continue
+            op = owner.operation if isinstance(owner, ir.OpView) else owner
+            operands = list(op.operands)
+            if not expanded:
+                pending = [v for v in operands if v not in self._memo]
+                if pending and op.name in _EVALUATORS:
+                    stack.append((current, True))
+                    stack.extend((v, False) for v in pending)
+                    continue
+            self._memo[current] = self._evaluate_op(op, current, operands)
+        return self._memo[value]
+
+    def forget(self, value: ir.Value) -> None:
+        """Drops `value` from the cache; call before erasing its op (its address may be reused)."""
+        self._memo.pop(value, None)
+
+    def constant(self, value: ir.Value) -> Const | None:
+        result = self.evaluate(value)
+        return result if isinstance(result, Const) else None
+
+    # -- one op ---------------------------------------------------------------
+
+    def _evaluate_op(self, op: ir.Operation, value: ir.Value, operands: list[ir.Value]) -> Result:
+        ty = elements.tensor_type(value)
+        if ty is None:
+            return NotConst(f"{op.name} result has a dynamic or non-tensor type")
+        dtype = elements.numpy_dtype(ty.element_type)
+        if dtype is None:
+            return NotConst(f"element type {ty.element_type} is not supported")
+        if op.name == "func.call":
+            return self._evaluate_call(op, value)
+        handler = _EVALUATORS.get(op.name)
+        if handler is None:
+            return NotConst(f"{op.name} is not a constant operation")
+        args: list[Const] = []
+        for v in operands:
+            r = self._memo[v]
+            if isinstance(r, NotConst):
+                return r
+            args.append(r)
+        shape = tuple(ty.shape)
+        try:
+            with np.errstate(all="ignore"):
+                array = handler(op, args, shape, dtype)
+        except (ValueError, TypeError, ZeroDivisionError, OverflowError) as e:
+            return NotConst(f"cannot evaluate {op.name}: {e}")
+        if array is None:
+            return NotConst(f"cannot evaluate {op.name} with these operands")
+        array = np.asarray(array)
+        if array.ndim != len(shape):
+            return NotConst(f"cannot evaluate {op.name}: rank mismatch")
+        if array.dtype != elements.compute_dtype(dtype):
+            array = _cast(array, dtype)
+        return Const(array, shape, dtype)
+
+    def _evaluate_call(self, op: ir.Operation, value: ir.Value) -> Result:
+        if self._depth >= MAX_CALL_DEPTH:
+            return NotConst("call nesting too deep to evaluate")
+        callee_name = ir.FlatSymbolRefAttr(op.attributes["callee"]).value
+        callee = self._lookup(callee_name)
+        if callee is None:
+            return NotConst(f"callee @{callee_name} not found")
+        args: list[Const] = []
+        for v in op.operands:
+            r = self.evaluate(v)
+            if isinstance(r, NotConst):
+                return r
+            args.append(r)
+        block = callee.regions[0].blocks[0]
+        bindings = dict(zip(block.arguments, args))
+        inner = Evaluator(self._module, bindings=bindings, depth=self._depth + 1,
+                          functions=self._functions)
+        terminator = list(block.operations)[-1]
+        index = _result_index(op, value)
+        return inner.evaluate(terminator.operands[index])
+
+    def _lookup(self, name: str) -> ir.Operation | None:
+        if self._functions is None:
+            self._functions = {}
+            for op in self._module.body.operations:
+                if op.operation.name == "func.func":
+                    sym = ir.StringAttr(op.attributes["sym_name"]).value
+                    self._functions[sym] = op.operation
+        func = self._functions.get(name)
+        if func is None or len(func.regions[0].blocks) != 1:
+            return None
+        return func
+
+
+def _result_index(op: ir.Operation, value: ir.Value) -> int:
+    for i, r in enumerate(op.results):
+        if r == value:
+            return i
+    raise ValueError("value is not a result of op")
+
+
+def _cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """Rounds to `dtype` (as the program would), then widens floats to float64."""
+    target = elements.compute_dtype(dtype)
+    if dtype == np.bool_:
+        return array != 0
+    if target.kind in "iu" and array.dtype.kind == "f":
+        array = np.trunc(array)
+    return array.astype(dtype).astype(target)
+
+
+# --- op handlers -------------------------------------------------------------
+# Each handler gets the op, its constant operands and the result's full shape
+# and dtype, and returns the result's compact array (or None: not foldable).
+
+Handler = Callable[[ir.Operation, list[Const], tuple[int, ...], np.dtype], np.ndarray | None]
+
+
+def _dense_i64(op: ir.Operation, name: str) -> list[int]:
+    attr = op.attributes[name]
+    try:
+        return list(ir.DenseI64ArrayAttr(attr))
+    except ValueError:
+        return [int(x) for x in np.asarray(ir.DenseIntElementsAttr(attr)).reshape(-1)]
+
+
+def _constant(op, args, shape, dtype):
+    return elements.read(op.attributes["value"])
+
+
+def _broadcast_in_dim(op, args, shape, dtype):
+    (x,) = args
+    dims = _dense_i64(op, "broadcast_dimensions")
+    order = sorted(range(len(dims)), key=lambda i: dims[i])
+    array = x.array.transpose(order)
+    new_shape = [1] * len(shape)
+    for i in order:
+        new_shape[dims[i]] = x.array.shape[i]
+    return array.reshape(new_shape)
+
+
+def _materialize(x: Const) -> np.ndarray:
+    if math.prod(x.shape) > MAX_MATERIALIZED_ELEMENTS:
+        raise ValueError("constant too large to materialize")
+    return np.array(x.full())
+
+
+def _reshape(op, args, shape, dtype):
+    (x,) = args
+    if x.array.size == 1:
+        return x.array.reshape((1,) * len(shape))
+    if x.array.shape == x.shape:
+        return x.array.reshape(shape)
+    axis = varying_axis(x.array)
+    if axis is not None:
+        mapped = map_axis_through_reshape(x.shape, shape, axis)
+        if mapped is not None:
+            out = [1] * len(shape)
+            out[mapped] = shape[mapped]
+            return x.array.reshape(out)
+    return _materialize(x).reshape(shape)
+
+
+def _transpose(op, args, shape, dtype):
+    return args[0].array.transpose(_dense_i64(op, "permutation"))
+
+
+def _reverse(op, args, shape, dtype):
+    array = args[0].array
+    for d in _dense_i64(op, "dimensions"):
+        if array.shape[d] > 1:
+            array = np.flip(array, d)
+    return array
+
+
+def _slice(op, args, shape, dtype):
+    array = args[0].array
+    starts = _dense_i64(op, "start_indices")
+    limits = _dense_i64(op, "limit_indices")
+    strides = _dense_i64(op, "strides")
+    index = tuple(slice(s, l, st) if n > 1 else slice(None)
+                  for s, l, st, n in zip(starts, limits, strides, array.shape))
+    return array[index]
+
+
+def _concatenate(op, args, shape, dtype):
+    dim = ir.IntegerAttr(op.attributes["dimension"]).value
+    rank = len(shape)
+    common = [1] * rank
+    for a in args:
+        for d in range(rank):
+            if d != dim and a.array.shape[d] > 1:
+                common[d] = shape[d]
+    parts = []
+    for a in args:
+        target = list(common)
+        target[dim] = a.shape[dim]
+        if math.prod(target) > MAX_MATERIALIZED_ELEMENTS:
+            raise ValueError("constant too large to materialize")
+        parts.append(np.broadcast_to(a.array, target))
+    return np.concatenate(parts, axis=dim)
+
+
+def _convert(op, args, shape, dtype):
+    return _cast(args[0].array, dtype)
+
+
+def _binary(fn: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Handler:
+    return lambda op, args, shape, dtype: fn(args[0].array, args[1].array)
+
+
+def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> Handler:
+    return lambda op, args, shape, dtype: fn(args[0].array)
+
+
+def _divide(op, args, shape, dtype):
+    a, b = args[0].array, args[1].array
+    if dtype.kind in "iu":
+        if np.any(b == 0):
+            raise ZeroDivisionError("integer division by zero")
+        q = np.abs(a) // np.abs(b)
+        return np.where((a < 0) ^ (b < 0), -q, q)
+    return a / b
+
+
+def _power(op, args, shape, dtype):
+    a, b = args[0].array, args[1].array
+    if dtype.kind in "iu" and np.any(b < 0):
+        return None
+    return np.power(a, b)
+
+
+def _rsqrt(x: np.ndarray) -> np.ndarray:
+    return 1.0 / np.sqrt(x)
+
+
+_COMPARISONS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
+    "EQ": np.equal, "NE": np.not_equal, "GE": np.greater_equal,
+    "GT": np.greater, "LE": np.less_equal, "LT": np.less,
+}
+
+
+def _compare(op, args, shape, dtype):
+    text = str(op.attributes["comparison_direction"])
+    direction = text.rsplit(" ", 1)[-1].rstrip(">")
+    return _COMPARISONS[direction](args[0].array, args[1].array)
+
+
+def _select(op, args, shape, dtype):
+    return np.where(args[0].array, args[1].array, args[2].array)
+
+
+_EVALUATORS: dict[str, Handler] = {
+    "stablehlo.constant": _constant,
+    "stablehlo.broadcast_in_dim": _broadcast_in_dim,
+    "stablehlo.reshape": _reshape,
+    "stablehlo.transpose": _transpose,
+    "stablehlo.reverse": _reverse,
+    "stablehlo.slice": _slice,
+    "stablehlo.concatenate": _concatenate,
+    "stablehlo.convert": _convert,
+    "stablehlo.add": _binary(np.add),
+    "stablehlo.subtract": _binary(np.subtract),
+    "stablehlo.multiply": _binary(np.multiply),
+    "stablehlo.divide": _divide,
+    "stablehlo.maximum": _binary(np.maximum),
+    "stablehlo.minimum": _binary(np.minimum),
+    "stablehlo.power": _power,
+    "stablehlo.negate": _unary(np.negative),
+    "stablehlo.abs": _unary(np.abs),
+    "stablehlo.sqrt": _unary(np.sqrt),
+    "stablehlo.rsqrt": _unary(_rsqrt),
+    "stablehlo.exponential": _unary(np.exp),
+    "stablehlo.log": _unary(np.log),
+    "stablehlo.compare": _compare,
+    "stablehlo.select": _select,
+    "func.call": lambda op, args, shape, dtype: None,  # handled by Evaluator
+}
+
+# Side-effect free ops bnfold knows how to evaluate (func.call aside).
+EVALUATED_OPS = frozenset(name for name in _EVALUATORS if name != "func.call")
+
+
+# --- per-channel reduction ---------------------------------------------------
+
+
+def varying_axis(array: np.ndarray) -> int | None:
+    """The single axis along which a compact array has size > 1, if exactly one."""
+    axes = [d for d, n in enumerate(array.shape) if n > 1]
+    return axes[0] if len(axes) == 1 else None
+
+
+def per_channel(const: Const, axis: int) -> np.ndarray | str:
+    """The constant as a vector along `axis` (length shape[axis]), or why not.
+
+    Succeeds when the constant is a scalar or varies only along `axis`.
+    """
+    array = const.array
+    channels = const.shape[axis]
+    others = tuple(d for d in range(array.ndim) if d != axis and array.shape[d] > 1)
+    if others:
+        # Materialized constants may still be uniform along the other axes.
+        first = array[tuple(slice(0, 1) if d in others else slice(None) for d in range(array.ndim))]
+        if not np.array_equal(array, np.broadcast_to(first, array.shape), equal_nan=True):
+            return f"constant varies along axis {others[0]}, not only the feature axis {axis}"
+        array = first
+    vector = array.reshape(-1) if array.shape[axis] > 1 else np.repeat(array.reshape(-1)[:1], channels)
+    return vector.astype(np.float64, copy=False)
+
+
+def map_axis_through_reshape(before: tuple[int, ...], after: tuple[int, ...], axis: int) -> int | None:
+    """Where axis `axis` of `before` lands after a reshape to `after`, if it stays whole.
+
+    The axis is identifiable when some axis of `after` has the same size and
+    the same number of elements before it (row-major), e.g. the 4 in
+    1x4x8x8 -> 1x1x4x8x8.
+    """
+    size = before[axis]
+    prefix = math.prod(before[:axis])
+    running = 1
+    for d, n in enumerate(after):
+        if running == prefix and n == size:
+            return d
+        running *= n
+    return None

@@ -1,0 +1,146 @@
+"""Element types and dense attributes <-> numpy arrays.
+
+Reading is zero-copy where jaxlib allows it (`np.asarray(attr)` uses the buffer
+protocol). jaxlib 0.10.2 cannot expose bf16 (or other non-IEEE) buffers, so
+those are read back from the attribute's printed form: raw little-endian hex
+for large constants, decimals (or hex bit patterns for NaN/Inf) for small ones.
+Splats are returned as a single element of the right rank (a "compact" array,
+see `bnfold.constants`) so a huge splat never materializes.
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+
+from bnfold.ir import ir
+
+_FLOATS: dict[str, np.dtype] = {
+    "f16": np.dtype(np.float16),
+    "bf16": np.dtype(ml_dtypes.bfloat16),
+    "f32": np.dtype(np.float32),
+    "f64": np.dtype(np.float64),
+}
+_INT_RE = re.compile(r"^(u?)i(\d+)$")
+
+
+def numpy_dtype(element_type: ir.Type) -> np.dtype | None:
+    """The numpy dtype of an MLIR element type, or None if bnfold cannot compute with it."""
+    name = str(element_type)
+    if name in _FLOATS:
+        return _FLOATS[name]
+    if name == "i1":
+        return np.dtype(np.bool_)
+    match = _INT_RE.match(name)
+    if match and match.group(2) in ("8", "16", "32", "64"):
+        return np.dtype(("uint" if match.group(1) else "int") + match.group(2))
+    return None
+
+
+def is_float(element_type: ir.Type) -> bool:
+    return str(element_type) in _FLOATS
+
+
+def tensor_type(value_or_type: ir.Value | ir.Type) -> ir.RankedTensorType | None:
+    """The static ranked tensor type, or None (dynamic or unranked or not a tensor)."""
+    ty = value_or_type.type if isinstance(value_or_type, ir.Value) else value_or_type
+    if not isinstance(ty, ir.RankedTensorType):
+        try:
+            ty = ir.RankedTensorType(ty)
+        except ValueError:
+            return None
+    if not ty.has_static_shape:
+        return None
+    return ty
+
+
+def compute_dtype(dtype: np.dtype) -> np.dtype:
+    """Floats are evaluated in float64; integers and booleans keep their type."""
+    return np.dtype(np.float64) if dtype.kind == "f" or dtype == _FLOATS["bf16"] else dtype
+
+
+def read(attr: ir.Attribute) -> np.ndarray:
+    """The elements of a dense attribute, as a compact array in compute dtype.
+
+    Splats come back with every dimension 1; other attributes with their full
+    shape. Raises ValueError for attributes bnfold cannot read.
+    """
+    dense = ir.DenseElementsAttr(attr)
+    ty = ir.RankedTensorType(dense.type)
+    dtype = numpy_dtype(ty.element_type)
+    if dtype is None:
+        raise ValueError(f"unsupported element type {ty.element_type}")
+    rank = ty.rank
+    if dense.is_splat:
+        value = _splat_scalar(dense.get_splat_value(), dtype)
+        return np.full((1,) * rank, value, dtype=compute_dtype(dtype))
+    array = np.asarray(dense) if dtype != _FLOATS["bf16"] else None
+    if array is None or array.dtype == object or array.shape != tuple(ty.shape):
+        array = _read_printed(str(dense), dtype, tuple(ty.shape))
+    return array.astype(compute_dtype(dtype), copy=False)
+
+
+def read_native(attr: ir.Attribute) -> np.ndarray:
+    """Full-size elements in the attribute's own dtype (zero-copy when possible)."""
+    dense = ir.DenseElementsAttr(attr)
+    ty = ir.RankedTensorType(dense.type)
+    dtype = numpy_dtype(ty.element_type)
+    if dtype is None:
+        raise ValueError(f"unsupported element type {ty.element_type}")
+    if not dense.is_splat and dtype != _FLOATS["bf16"]:
+        array = np.asarray(dense)
+        if array.dtype == dtype and array.shape == tuple(ty.shape):
+            return array
+    return np.broadcast_to(read(attr), tuple(ty.shape)).astype(dtype)
+
+
+def _splat_scalar(attr: ir.Attribute, dtype: np.dtype) -> float | int | bool:
+    if dtype.kind in "fV" or dtype == _FLOATS["bf16"]:
+        return ir.FloatAttr(attr).value
+    if dtype == np.bool_:
+        return bool(ir.IntegerAttr(attr).value)
+    return ir.IntegerAttr(attr).value
+
+
+_DECIMAL_RE = re.compile(r"0x[0-9A-Fa-f]+|[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|inf|nan)|true|false")
+
+
+def _read_printed(text: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndarray:
+    """Parses `dense<...> : tensor<...>` as printed by MLIR."""
+    body = text[text.index("<") + 1 : text.rindex("> :")]
+    if body.startswith('"0x'):
+        raw = bytes.fromhex(body[3:-1])
+        return np.frombuffer(raw, dtype=dtype).reshape(shape)
+    tokens = _DECIMAL_RE.findall(body)
+    bits_dtype = np.dtype(f"uint{dtype.itemsize * 8}")
+    out = np.empty(len(tokens), dtype=dtype)
+    for i, token in enumerate(tokens):
+        if token.startswith("0x"):
+            out[i] = np.array(int(token, 16), dtype=bits_dtype).view(dtype)
+        elif token in ("true", "false"):
+            out[i] = token == "true"
+        else:
+            out[i] = float(token) if dtype.kind != "i" and dtype.kind != "u" else int(token)
+    if out.size != int(np.prod(shape)):
+        raise ValueError(f"cannot read constant of shape {shape}")
+    return out.reshape(shape)
+
+
+def element_type(dtype: np.dtype) -> ir.Type:
+    """The MLIR float type of a numpy float dtype."""
+    if dtype == _FLOATS["bf16"]:
+        return ir.BF16Type.get()
+    return {2: ir.F16Type, 4: ir.F32Type, 8: ir.F64Type}[dtype.itemsize].get()
+
+
+def dense_attr(array: np.ndarray, element: ir.Type) -> ir.DenseElementsAttr:
+    """A dense attribute of `element` type holding `array` rounded once to it."""
+    dtype = numpy_dtype(element)
+    assert dtype is not None and dtype.kind in "fV" or dtype == _FLOATS["bf16"]
+    rounded = np.ascontiguousarray(array.astype(dtype))
+    ty = ir.RankedTensorType.get(list(rounded.shape), element)
+    if dtype == _FLOATS["bf16"]:
+        return ir.DenseElementsAttr.get(rounded.view(np.uint16), type=ty)
+    return ir.DenseElementsAttr.get(rounded, type=ty)

@@ -1,0 +1,185 @@
+"""MLIR context, parsing, printing and artifact I/O.
+
+This is the only module that imports private paths of jaxlib and jax
+(`jaxlib.mlir._mlir_libs`, `jax._src`). Everything else in bnfold goes through
+the names re-exported here, so a jaxlib upgrade touches one file.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from jaxlib.mlir import ir
+from jaxlib.mlir.dialects import chlo, func, mhlo, sdy, stablehlo
+import jaxlib.mlir._mlir_libs._jax_mlir_ext as _jax_mlir_ext
+from jaxlib.mlir._mlir_libs._mlir import rewrite
+
+from bnfold.errors import BnfoldError
+
+__all__ = [
+    "ir",
+    "func",
+    "stablehlo",
+    "rewrite",
+    "Format",
+    "make_context",
+    "parse",
+    "serialize",
+    "write_atomically",
+    "format_location",
+    "format_diagnostics",
+    "xla_cpu_run",
+]
+
+Format = Literal["mlir", "bytecode", "portable"]
+
+_BYTECODE_MAGIC = b"ML\xefR"
+
+
+def make_context() -> ir.Context:
+    """A context with every dialect a JAX export can contain."""
+    context = ir.Context()
+    registry = ir.DialectRegistry()
+    _jax_mlir_ext.register_dialects(registry)
+    context.append_dialect_registry(registry)
+    context.load_all_available_dialects()
+    stablehlo.register_dialect(context)
+    chlo.register_dialect(context)
+    sdy.register_dialect(context)
+    mhlo.register_mhlo_dialect(context)
+    return context
+
+
+@dataclass(frozen=True)
+class Parsed:
+    module: ir.Module
+    format: Format
+
+
+def detect_format(data: bytes) -> Format:
+    """Text, plain MLIR bytecode, or a StableHLO portable artifact (VHLO bytecode)."""
+    if not data.startswith(_BYTECODE_MAGIC):
+        return "mlir"
+    # The producer string of a portable artifact names StableHLO and the
+    # payload uses the vhlo dialect; plain bytecode never mentions vhlo.
+    return "portable" if b"vhlo" in data[:4096] or b"StableHLO_v" in data[:64] else "bytecode"
+
+
+def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> Parsed:
+    """Parses text, bytecode or a portable artifact; verifies the result.
+
+    Raises `BnfoldError` carrying the MLIR diagnostics (with `name` in place of
+    the parser's "-" file name) on any failure.
+    """
+    raw = data.encode() if isinstance(data, str) else data
+    fmt = detect_format(raw)
+    if fmt == "mlir" and b"\x00" in raw[:4096]:
+        raise BnfoldError(f"{name}: error: input is neither MLIR text nor MLIR bytecode")
+    try:
+        with context:
+            if fmt == "portable":
+                module = stablehlo.deserialize_portable_artifact(context, raw)
+            else:
+                module = ir.Module.parse(raw)
+    except ir.MLIRError as e:
+        raise BnfoldError(format_diagnostics(e, name)) from None
+    except (RuntimeError, ValueError) as e:
+        raise BnfoldError(f"{name}: error: cannot read input: {e}") from None
+    if not module.operation.verify():  # pragma: no cover - verify raises instead
+        raise BnfoldError(f"{name}: error: module does not verify")
+    return Parsed(module, fmt)
+
+
+def serialize(module: ir.Module, fmt: Format, *, target_version: str | None = None,
+              debug_info: bool = False) -> bytes:
+    """The module as text, bytecode or a portable artifact."""
+    if fmt == "portable":
+        target = target_version or stablehlo.get_current_version()
+        return stablehlo.serialize_portable_artifact(module, target)
+    buf = io.BytesIO()
+    if fmt == "bytecode":
+        module.operation.write_bytecode(buf)
+    else:
+        module.operation.print(file=buf, binary=True, enable_debug_info=debug_info,
+                               assume_verified=True)
+    return buf.getvalue()
+
+
+def write_atomically(path: str, data: bytes) -> None:
+    """Writes `data` to `path` through a temporary file and a rename.
+
+    A crash or error never leaves a partial file behind at `path`.
+    """
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".bnfold-", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def format_location(loc: ir.Location, name: str | None = None) -> str:
+    """`file:line:col` for file locations, the name for name locations.
+
+    `name` replaces the parser's "-" file name of text parsed from memory.
+    """
+    text = str(loc)
+    if text.startswith("loc(") and text.endswith(")"):
+        text = text[4:-1]
+    if name is not None and text.startswith('"-":'):
+        text = f'"{name}":' + text[4:]
+    return text.replace('"', "") if text.count('"') == 2 and text.startswith('"') else text
+
+
+def format_diagnostics(error: ir.MLIRError, name: str) -> str:
+    lines = []
+    for diag in error.error_diagnostics:
+        lines.append(f"{format_location(diag.location, name)}: error: {diag.message}")
+        for note in diag.notes:
+            lines.append(f"{format_location(note.location, name)}: note: {note.message}")
+    return "\n".join(lines) or f"{name}: error: {error}"
+
+
+def verify(module: ir.Module, name: str) -> None:
+    try:
+        module.operation.verify()
+    except ir.MLIRError as e:
+        raise BnfoldError(format_diagnostics(e, name)) from None
+
+
+# --- execution -------------------------------------------------------------
+
+
+def xla_cpu_run(text: str, inputs: Sequence[object]) -> list[object]:
+    """Compiles StableHLO text on XLA CPU and runs it; returns numpy arrays."""
+    import numpy as np
+    import jax
+    import jax.extend
+    from jax._src.lib import xla_client as xc
+
+    backend = jax.extend.backend.get_backend("cpu")
+    device = backend.devices()[0]
+    exe = backend.compile_and_load(text, xc.DeviceList((device,)), xc.CompileOptions())
+    # enable_x64 keeps f64/i64 inputs and outputs 64-bit for this call only.
+    with jax.enable_x64(True):
+        args = [jax.device_put(np.asarray(x), device) for x in inputs]
+        results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
+        return [np.asarray(r[0]) for r in results]
+
+
+def interpret(module: ir.Module, inputs: Sequence[ir.Attribute]) -> list[ir.Attribute]:
+    """Runs `module` on the StableHLO reference interpreter.
+
+    The interpreter aborts the process on ops it does not support; callers
+    must expand or reject those first (see `bnfold.numerics`).
+    """
+    return list(stablehlo.eval_module(module, list(inputs)))

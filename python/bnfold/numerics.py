@@ -1,0 +1,196 @@
+"""Run modules on XLA CPU and the StableHLO reference interpreter; compare outputs.
+
+One tolerance table per dtype and one `check_close`, so every numerics test
+means the same thing by "equal". The error measure is the maximum absolute
+difference relative to the maximum magnitude of the reference output, which
+is robust to outputs that cross zero (conv + BN outputs usually do).
+
+The reference interpreter aborts the whole process (an LLVM fatal error, not
+an exception) on `batch_norm_inference` and on `custom_call @check.*`, so
+`interpret` expands batch norms first (pattern `expand-batch-norm`) and
+refuses modules that still contain ops it cannot run.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnfold import elements
+from bnfold.errors import BnfoldError
+from bnfold.ir import interpret as _interpret
+from bnfold.ir import ir, make_context, parse, serialize, xla_cpu_run
+
+# max |actual - expected| <= RTOL[dtype] * max(|expected|)
+RTOL: dict[str, float] = {
+    "f64": 1e-12,
+    "f32": 1e-5,
+    "f16": 1e-2,
+    "bf16": 6e-2,
+}
+
+_UNSUPPORTED_BY_INTERPRETER = ("stablehlo.batch_norm_inference", "stablehlo.custom_call")
+
+
+@dataclass(frozen=True)
+class Signature:
+    shapes: list[tuple[int, ...]]
+    dtypes: list[np.dtype]
+    element_types: list[str]
+
+
+def main_signature(module: ir.Module, name: str = "main") -> Signature:
+    """Argument shapes and dtypes of the public entry function."""
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            func_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            shapes, dtypes, names = [], [], []
+            for ty in func_type.inputs:
+                ranked = elements.tensor_type(ty)
+                if ranked is None:
+                    raise BnfoldError(f"@{name} has an argument of dynamic or non-tensor type {ty}")
+                dtype = elements.numpy_dtype(ranked.element_type)
+                if dtype is None:
+                    raise BnfoldError(f"@{name} has an argument of unsupported type {ty}")
+                shapes.append(tuple(ranked.shape))
+                dtypes.append(dtype)
+                names.append(str(ranked.element_type))
+            return Signature(shapes, dtypes, names)
+    raise BnfoldError(f"module has no function @{name}")
+
+
+def random_inputs(signature: Signature, seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for shape, dtype in zip(signature.shapes, signature.dtypes):
+        if dtype.kind in "iub":
+            out.append(rng.integers(0, 2, size=shape).astype(dtype))
+        else:
+            out.append(rng.standard_normal(shape).astype(dtype))
+    return out
+
+
+def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
+    a = np.asarray(actual, dtype=np.float64)
+    e = np.asarray(expected, dtype=np.float64)
+    if a.shape != e.shape:
+        return float("inf")
+    if a.size == 0:
+        return 0.0
+    nan_a, nan_e = np.isnan(a), np.isnan(e)
+    if not np.array_equal(nan_a, nan_e):
+        return float("inf")
+    a, e = a[~nan_e], e[~nan_e]
+    if a.size == 0:
+        return 0.0
+    scale = max(float(np.max(np.abs(e))), np.finfo(np.float64).tiny)
+    return float(np.max(np.abs(a - e))) / scale
+
+
+def tolerance(element_type: str) -> float:
+    return RTOL.get(element_type, RTOL["f32"])
+
+
+def check_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray],
+                element_type: str = "f32", *, rtol: float | None = None) -> float:
+    """Raises AssertionError unless every output matches; returns the worst error."""
+    if len(actual) != len(expected):
+        raise AssertionError(f"{len(actual)} outputs, expected {len(expected)}")
+    limit = tolerance(element_type) if rtol is None else rtol
+    worst = 0.0
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        err = relative_error(a, e)
+        if not err <= limit:
+            raise AssertionError(f"output {i}: relative error {err:.3g} > {limit:.3g} ({element_type})")
+        worst = max(worst, err)
+    return worst
+
+
+def run_xla(module: ir.Module | str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    text = module if isinstance(module, str) else serialize(module, "mlir").decode()
+    return xla_cpu_run(text, list(inputs))
+
+
+class InterpreterCrash(RuntimeError):
+    """The reference interpreter aborted (it reports some bugs as LLVM fatal errors)."""
+
+
+def interpret(module: ir.Module | str, inputs: Sequence[np.ndarray], *,
+              isolate: bool = True) -> list[np.ndarray]:
+    """Runs a module on the StableHLO reference interpreter (expanding batch norms).
+
+    With `isolate` (the default) it runs in a child process, so an
+    interpreter abort raises `InterpreterCrash` instead of killing the caller.
+    """
+    text = module if isinstance(module, str) else serialize(module, "mlir").decode()
+    if not isolate:
+        return _interpret_here(text, inputs)
+    with tempfile.TemporaryDirectory(prefix="bnfold-interp-") as tmp:
+        request = os.path.join(tmp, "request.pkl")
+        with open(request, "wb") as f:
+            pickle.dump((text, [np.asarray(x) for x in inputs]), f)
+        proc = subprocess.run([sys.executable, "-m", "bnfold.numerics", request],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            tail = "\n".join(proc.stderr.strip().splitlines()[-5:])
+            raise InterpreterCrash(f"reference interpreter exited with {proc.returncode}: {tail}")
+        with open(request + ".out", "rb") as f:
+            outcome = pickle.load(f)
+    if isinstance(outcome, str):
+        raise BnfoldError(outcome)
+    return outcome
+
+
+def _interpret_here(text: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    from bnfold.pipeline import FoldOptions, fold_module, pattern_names
+
+    context = make_context()
+    stablehlo_module = parse(text, context, name="<interpret>").module
+    with context, ir.Location.unknown():
+        only_expand = frozenset(pattern_names()) - {"expand-batch-norm"}
+        fold_module(stablehlo_module, FoldOptions(disable=only_expand, expand_batch_norm=True))
+        for name in _ops_in(stablehlo_module):
+            if name in _UNSUPPORTED_BY_INTERPRETER:
+                raise BnfoldError(f"the reference interpreter cannot run {name}")
+        args = [_to_attr(np.asarray(x)) for x in inputs]
+        results = _interpret(stablehlo_module, args)
+        return [elements.read_native(r) for r in results]
+
+
+def _ops_in(module: ir.Module) -> set[str]:
+    names: set[str] = set()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        names.add(op.name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return names
+
+
+def _to_attr(array: np.ndarray) -> ir.Attribute:
+    if array.dtype.kind == "f" or array.dtype == np.dtype(elements._FLOATS["bf16"]):
+        return elements.dense_attr(array, elements.element_type(array.dtype))
+    return ir.DenseElementsAttr.get(np.ascontiguousarray(array))
+
+
+def _child(request: str) -> None:
+    with open(request, "rb") as f:
+        text, inputs = pickle.load(f)
+    try:
+        outcome: list[np.ndarray] | str = _interpret_here(text, inputs)
+    except BnfoldError as e:
+        outcome = str(e)
+    with open(request + ".out", "wb") as f:
+        pickle.dump(outcome, f)
+
+
+if __name__ == "__main__":
+    _child(sys.argv[1])

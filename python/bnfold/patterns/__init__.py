@@ -1,0 +1,9 @@
+"""The rewrite patterns, in the order the pipeline runs them."""
+
+from bnfold.patterns.backward_affine import BackwardAffine
+from bnfold.patterns.expand_batch_norm import ExpandBatchNorm
+
+PATTERNS = (BackwardAffine, ExpandBatchNorm)
+OPT_IN = frozenset({"expand-batch-norm"})
+
+__all__ = ["PATTERNS", "OPT_IN", "BackwardAffine", "ExpandBatchNorm"]

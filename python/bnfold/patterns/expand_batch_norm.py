@@ -1,0 +1,79 @@
+"""expand-batch-norm: rewrite batch_norm_inference as elementwise ops.
+
+For back ends without a batch-norm op and for the StableHLO reference
+interpreter, which aborts the process on batch_norm_inference. With constant
+statistics the scale and shift are folded (float64, rounded once):
+
+    %y = "stablehlo.batch_norm_inference"(%x, %g, %b, %m, %v)
+           {epsilon = 1.0e-05 : f32, feature_index = 3 : i64} : (...) -> tensor<1x8x8x4xf32>
+  ->
+    %s = stablehlo.constant dense<[...]> : tensor<4xf32>        // g / sqrt(v + eps)
+    %t = stablehlo.constant dense<[...]> : tensor<4xf32>        // b - m * s
+    %y = stablehlo.add (stablehlo.multiply %x, bcast(%s)), bcast(%t)
+
+Otherwise it emits the specification's decomposition with the operands as
+they are: `(x - bcast(m)) / sqrt(bcast(v) + eps) * bcast(g) + bcast(b)`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from bnfold import elements
+from bnfold.affine import Affine, Step, apply
+from bnfold.ir import ir, stablehlo
+from bnfold.patterns.base import MATCHED, NO_MATCH, FoldState, Pattern, function_name
+
+
+class ExpandBatchNorm(Pattern):
+    name = "expand-batch-norm"
+    roots = ("stablehlo.batch_norm_inference",)
+    description = ("rewrite each batch_norm_inference that did not fold into multiply + add "
+                   "(opt-in: --expand-batch-norm)")
+
+    def match_and_rewrite(self, op: ir.Operation, rewriter: Any, state: FoldState) -> bool:
+        ty = elements.tensor_type(op.results[0])
+        if ty is None or not elements.is_float(ty.element_type):
+            return NO_MATCH
+        replacement = expand(op, state)
+        state.evaluator.forget(op.results[0])
+        rewriter.replace_op(op, [replacement])
+        state.report.expanded += 1
+        state.changed_functions.add(function_name(op))
+        return MATCHED
+
+
+def expand(op: ir.Operation, state: FoldState) -> ir.Value:
+    """Builds the expansion of `op` before it and returns its result."""
+    ty = ir.RankedTensorType(op.results[0].type)
+    feature = ir.IntegerAttr(op.attributes["feature_index"]).value
+    x = op.operands[0]
+    with ir.InsertionPoint(op), op.location:
+        fit = apply(Affine.identity(tuple(ty.shape), feature), Step(op, 0), state.evaluator)
+        if isinstance(fit, Affine):
+            scale = _vector(fit.scale, ty, feature)
+            shift = _vector(fit.shift, ty, feature)
+            return stablehlo.AddOp(stablehlo.MulOp(x, scale).result, shift).result
+        return _spec_decomposition(op, ty, feature)
+
+
+def _vector(values: np.ndarray, ty: ir.RankedTensorType, axis: int) -> ir.Value:
+    const = stablehlo.ConstantOp(elements.dense_attr(values, ty.element_type))
+    return stablehlo.BroadcastInDimOp(ty, const.result, [axis]).result
+
+
+def _spec_decomposition(op: ir.Operation, ty: ir.RankedTensorType, feature: int) -> ir.Value:
+    x, gamma, beta, mean, var = list(op.operands)
+    eps = ir.FloatAttr(op.attributes["epsilon"]).value
+    eps_const = stablehlo.ConstantOp(
+        ir.DenseElementsAttr.get_splat(ty, ir.FloatAttr.get(ty.element_type, eps)))
+
+    def bcast(v: ir.Value) -> ir.Value:
+        return stablehlo.BroadcastInDimOp(ty, v, [feature]).result
+
+    centered = stablehlo.SubtractOp(x, bcast(mean)).result
+    stddev = stablehlo.SqrtOp(stablehlo.AddOp(bcast(var), eps_const.result).result).result
+    normalized = stablehlo.DivOp(centered, stddev).result
+    return stablehlo.AddOp(stablehlo.MulOp(normalized, bcast(gamma)).result, bcast(beta)).result

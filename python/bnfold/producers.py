@@ -1,0 +1,156 @@
+"""Linear producers: `stablehlo.convolution` and `stablehlo.dot_general`.
+
+A producer is linear in its activation operand for a fixed kernel, so a
+per-channel scale of its output equals the same scale applied to the kernel
+slice that produces that channel:
+
+    conv(x, K)[..., o] * s[o]  ==  conv(x, K * s along kernel_output_feature)[..., o]
+
+This holds for every layout, stride, padding, dilation (lhs_dilation is a
+transposed convolution), window reversal, feature_group_count and
+batch_group_count, because output feature `o` is computed from kernel slice
+`o` only. For dot_general the output axis must come from exactly one
+non-contracting, non-batching dimension of the constant operand.
+
+Forward folding uses the dual facts along the kernel's *input* axis; see
+`input_scale_map`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnfold.ir import ir, stablehlo
+
+NAMES = ("stablehlo.convolution", "stablehlo.dot_general")
+
+
+@dataclass(frozen=True)
+class KernelAxis:
+    """The constant operand of a producer and the kernel axis of one result axis."""
+
+    operand: int  # operand index of the kernel (1 = rhs for convolution)
+    axis: int  # kernel axis that carries the result axis
+
+
+def is_producer(op: ir.Operation) -> bool:
+    return op.name in NAMES
+
+
+def conv_dims(op: ir.Operation) -> stablehlo.ConvDimensionNumbers:
+    return stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
+
+
+def dot_dims(op: ir.Operation) -> stablehlo.DotDimensionNumbers:
+    return stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
+
+
+def _free_dims(rank: int, *used: list[int]) -> list[int]:
+    taken = {d for dims in used for d in dims}
+    return [d for d in range(rank) if d not in taken]
+
+
+def candidate_output_axes(op: ir.Operation) -> list[int]:
+    """Result axes that a per-channel affine could be folded along."""
+    if op.name == "stablehlo.convolution":
+        return [conv_dims(op).output_feature_dimension]
+    dims = dot_dims(op)
+    lhs_rank = ir.RankedTensorType(op.operands[0].type).rank
+    rhs_rank = ir.RankedTensorType(op.operands[1].type).rank
+    n_batch = len(dims.lhs_batching_dimensions)
+    n_lhs_free = len(_free_dims(lhs_rank, dims.lhs_batching_dimensions, dims.lhs_contracting_dimensions))
+    n_rhs_free = len(_free_dims(rhs_rank, dims.rhs_batching_dimensions, dims.rhs_contracting_dimensions))
+    # rhs free axes first: that is where Dense/Linear features live.
+    rhs_axes = list(range(n_batch + n_lhs_free, n_batch + n_lhs_free + n_rhs_free))
+    lhs_axes = list(range(n_batch, n_batch + n_lhs_free))
+    return rhs_axes + lhs_axes
+
+
+def output_kernel_axis(op: ir.Operation, result_axis: int) -> KernelAxis | str:
+    """Which kernel axis produces `result_axis`, or why there is none."""
+    if op.name == "stablehlo.convolution":
+        dims = conv_dims(op)
+        if result_axis != dims.output_feature_dimension:
+            return (f"normalized axis {result_axis} is not the convolution's output feature "
+                    f"dimension {dims.output_feature_dimension}")
+        return KernelAxis(1, dims.kernel_output_feature_dimension)
+    dims = dot_dims(op)
+    lhs_rank = ir.RankedTensorType(op.operands[0].type).rank
+    rhs_rank = ir.RankedTensorType(op.operands[1].type).rank
+    n_batch = len(dims.lhs_batching_dimensions)
+    lhs_free = _free_dims(lhs_rank, dims.lhs_batching_dimensions, dims.lhs_contracting_dimensions)
+    rhs_free = _free_dims(rhs_rank, dims.rhs_batching_dimensions, dims.rhs_contracting_dimensions)
+    if result_axis < n_batch:
+        return f"normalized axis {result_axis} is a dot_general batching dimension"
+    if result_axis < n_batch + len(lhs_free):
+        return KernelAxis(0, lhs_free[result_axis - n_batch])
+    return KernelAxis(1, rhs_free[result_axis - n_batch - len(lhs_free)])
+
+
+def scale_along(kernel: np.ndarray, axis: int, scale: np.ndarray) -> np.ndarray:
+    """`kernel * scale` with `scale` laid along `axis` (float64 result)."""
+    shape = [1] * kernel.ndim
+    shape[axis] = scale.shape[0]
+    return kernel.astype(np.float64) * scale.reshape(shape)
+
+
+# --- forward folding -----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class InputScaleMap:
+    """How a per-channel scale of the activation maps onto the kernel.
+
+    `in_axis` is the kernel axis that reads activation channels and `out_axis`
+    the kernel axis of output features (None for dot_general). With feature
+    groups, kernel element [k (in_axis), o (out_axis)] reads activation
+    channel `(o // (out_size // groups)) * in_size + k`.
+    """
+
+    operand: int
+    in_axis: int
+    out_axis: int | None
+    groups: int
+
+    def expand(self, vector: np.ndarray, kernel_shape: tuple[int, ...]) -> np.ndarray:
+        """The activation-channel vector as a kernel-broadcastable array."""
+        rank = len(kernel_shape)
+        in_size = kernel_shape[self.in_axis]
+        if self.groups == 1 or self.out_axis is None:
+            shape = [1] * rank
+            shape[self.in_axis] = in_size
+            return vector.reshape(shape)
+        out_size = kernel_shape[self.out_axis]
+        per_group = out_size // self.groups
+        k = np.arange(in_size)[:, None]
+        o = np.arange(out_size)[None, :]
+        table = vector[(o // per_group) * in_size + k]  # [in_size, out_size]
+        if self.in_axis > self.out_axis:
+            table = table.T
+        shape = [1] * rank
+        shape[self.in_axis] = in_size
+        shape[self.out_axis] = out_size
+        return table.reshape(shape)
+
+
+def input_scale_map(op: ir.Operation, operand: int, axis: int) -> InputScaleMap | str:
+    """How to fold a scale of operand `operand`'s axis `axis` into the other operand."""
+    if op.name == "stablehlo.convolution":
+        if operand != 0:
+            return "the normalized value is the convolution's kernel, not its input"
+        dims = conv_dims(op)
+        if axis != dims.input_feature_dimension:
+            return (f"normalized axis {axis} is not the convolution's input feature "
+                    f"dimension {dims.input_feature_dimension}")
+        groups = ir.IntegerAttr(op.attributes["feature_group_count"]).value
+        return InputScaleMap(1, dims.kernel_input_feature_dimension,
+                             dims.kernel_output_feature_dimension, groups)
+    dims = dot_dims(op)
+    mine, theirs = ((dims.lhs_contracting_dimensions, dims.rhs_contracting_dimensions)
+                    if operand == 0 else
+                    (dims.rhs_contracting_dimensions, dims.lhs_contracting_dimensions))
+    if axis not in mine:
+        return f"normalized axis {axis} is not a contracting dimension of the dot_general"
+    return InputScaleMap(1 - operand, theirs[list(mine).index(axis)], None, 1)

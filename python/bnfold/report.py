@@ -1,0 +1,104 @@
+"""What folded into what, what did not and why; with the original statistics.
+
+    {"folds": [{"id": "fold0", "producer": "model.mlir:12:10",
+                "producer_op": "stablehlo.convolution", "norm": "model.mlir:14:10",
+                "norm_op": "stablehlo.batch_norm_inference", "form": "batch_norm_inference",
+                "direction": "backward", "channels": 16, "ops": [...]}],
+     "skipped": [{"op": "model.mlir:30:10", "op_name": "stablehlo.batch_norm_inference",
+                  "reason": "batch_norm_inference mean is not constant"}]}
+
+`Fold.params` holds the per-fold numpy arrays (the composed `scale` and
+`shift`, and for `batch_norm_inference` the original `gamma`, `beta`, `mean`,
+`variance` and `epsilon`); `Report.save_params` writes them as `.npz` with
+keys `<fold id>/<name>`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Fold:
+    id: str
+    producer: str
+    producer_op: str
+    norm: str
+    norm_op: str
+    form: str  # "batch_norm_inference" or "decomposed"
+    direction: str  # "backward" (into the producer before) or "forward"
+    channels: int
+    ops: list[str]
+    function: str
+    params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "producer": self.producer, "producer_op": self.producer_op,
+            "norm": self.norm, "norm_op": self.norm_op, "form": self.form,
+            "direction": self.direction, "channels": self.channels, "ops": self.ops,
+            "function": self.function,
+        }
+
+
+@dataclass
+class Skip:
+    op: str
+    op_name: str
+    reason: str
+    function: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "op_name": self.op_name, "reason": self.reason,
+                "function": self.function}
+
+
+@dataclass
+class Report:
+    folds: list[Fold] = field(default_factory=list)
+    skipped: list[Skip] = field(default_factory=list)
+    expanded: int = 0
+
+    def merge(self, other: Report) -> None:
+        offset = len(self.folds)
+        for fold in other.folds:
+            fold.id = f"fold{offset + int(fold.id[4:])}"
+        self.folds.extend(other.folds)
+        self.skipped.extend(other.skipped)
+        self.expanded += other.expanded
+
+    def to_json(self) -> dict[str, Any]:
+        return {"folds": [f.to_json() for f in self.folds],
+                "skipped": [s.to_json() for s in self.skipped],
+                "expanded": self.expanded}
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_json(), indent=2) + "\n"
+
+    def params(self) -> dict[str, np.ndarray]:
+        """Flat `{"fold0/gamma": array, ...}` for every fold."""
+        return {f"{fold.id}/{k}": v for fold in self.folds for k, v in fold.params.items()}
+
+    def save_params(self, path: str) -> None:
+        import io
+        from bnfold.ir import write_atomically
+        buf = io.BytesIO()
+        np.savez(buf, **self.params())
+        write_atomically(path, buf.getvalue())
+
+    def summary(self) -> str:
+        by_form: dict[str, int] = {}
+        for f in self.folds:
+            by_form[f"{f.direction} {f.form}"] = by_form.get(f"{f.direction} {f.form}", 0) + 1
+        detail = ", ".join(f"{n} {k}" for k, n in sorted(by_form.items()))
+        text = f"folded {len(self.folds)} normalization(s)"
+        if detail:
+            text += f" ({detail})"
+        text += f", skipped {len(self.skipped)}"
+        if self.expanded:
+            text += f", expanded {self.expanded} batch_norm_inference"
+        return text

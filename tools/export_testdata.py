@@ -1,0 +1,955 @@
+#!/usr/bin/env python3
+"""Export small real-framework models with batch norm to StableHLO text test data.
+
+Every model is a real layer stack from its framework, in inference mode, with the
+parameters and the running statistics CLOSED OVER by the jitted function, so they arrive
+as `stablehlo.constant` ops and `@main` has exactly one argument: the input batch.
+
+Frameworks (``--only`` takes these names; repeat it or separate with commas):
+
+    flax_linen  flax.linen Conv/Dense/ConvTranspose + BatchNorm(use_running_average=True);
+                NHWC, plus one NCHW model (a lax.conv layer + BatchNorm(axis=1)).
+    flax_nnx    flax.nnx Conv/Linear + BatchNorm, model.eval().
+    haiku       hk.Conv2D/DepthwiseConv2D/Linear + hk.BatchNorm(is_training=False), NHWC
+                and NCHW (data_format), and a small hk.nets.ResNet.
+    equinox     eqx.nn.Conv2d/Linear + eqx.nn.BatchNorm under vmap (NCHW), inference mode,
+                mode="ema" and one mode="batch" model (zero-debias chain).
+    keras       Keras 3 with KERAS_BACKEND=jax: Conv2D/DepthwiseConv2D/Conv2DTranspose/Dense +
+                BatchNormalization(training=False), channels_last and channels_first, a small
+                functional ResNet, and keras.applications.MobileNetV2(alpha=0.35, weights=None).
+    torchax     torch.nn Conv2d/ConvTranspose2d/Linear + BatchNorm2d/1d in eval(), NCHW,
+                turned into JAX with torchax.extract_jax.
+
+Running statistics and affine parameters are replaced with random non-trivial values
+(mean ~ N(0, 0.5), var ~ U(0.5, 2.0), gamma ~ U(0.5, 1.5), beta ~ N(0, 0.3)); kernels come
+from each framework's own (seeded) initializer; zero-initialised conv/dense biases are
+replaced with N(0, 0.1). Exception: with plain random statistics MobileNetV2's output does
+not depend on its input (the signal dies out over 52 BN layers), so its running statistics
+are calibrated layer by layer on a random batch and then perturbed:
+mean = m + N(0, 0.5) * s, var = s^2 * U(0.5, 2.0), with m, s^2 the BN input's actual
+statistics (gamma and beta as above). Seeds are fixed, so a re-run writes the same files (export-form
+locations name this script's path and line numbers, so they change when the script moves
+or is edited).
+
+Two text forms are mixed (the manifest's "form"):
+    lower   jax.jit(f).lower(x).as_text()
+    export  jax.export.export(jax.jit(f))(x).mlir_module()   (loc(...), hoisted constants)
+
+Output: one ``<framework>_<model>.mlir`` per model and ``manifest.json``, a list of
+``{"file", "framework", "layout", "batchnorm_layers", "producers", "input_shape",
+"output_shape", "form", "description"}``. ``batchnorm_layers`` and ``producers`` (conv,
+transposed-conv and dense layers) are counted from the model definition, not from the IR.
+With ``--only`` the manifest keeps the other frameworks' entries.
+
+Unless ``--no-verify`` is given, every written file is checked: it parses, ``@main`` has
+exactly one argument, XLA CPU compiles and runs it, and its output matches the framework's
+own eager forward pass on the same input (rtol 1e-5, atol 1e-5 * max|ref|; for torchax the
+reference is torch itself on CPU).
+
+Environment (its own virtualenv, e.g. /work/venv-export), versions this was run with:
+    jax==0.10.2 jaxlib==0.10.2 flax==0.12.8 dm-haiku==0.0.17 equinox==0.13.8
+    keras==3.15.1 optax==0.2.8 numpy==2.4.6 torch==2.13.0+cpu torchax==0.0.13
+    pip install jax jaxlib flax dm-haiku equinox keras torchax torch==2.13.0
+(torch 2.13.0+cpu is the local CPU wheel; do not pull the multi-GB CUDA builds).
+
+torchax note: torchax 0.0.10 - 0.0.13 all fail to import with torch 2.13 because their op
+tables name two Dimname overloads torch no longer has (``aten::prod.dim_Dimname`` and
+``aten::index_copy.dimname``): ``AttributeError: The underlying op of 'aten.prod' has no
+overload name 'dim_Dimname'``. This script imports torchax with a narrow shim that hands
+back an inert placeholder for exactly those missing ``*dimname`` overloads while torchax
+builds its tables (named-tensor ops are never used here); everything else is untouched.
+If torchax or torch is not installed the torchax models are skipped with a message.
+
+Run time on 2 CPU cores: about 1-2 minutes for everything (most of it imports, MobileNetV2
+and verification).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import zlib
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+os.environ["KERAS_BACKEND"] = "jax"  # must precede any keras import
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np  # noqa: E402
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO_ROOT / "testdata" / "models"
+FRAMEWORKS = ("flax_linen", "flax_nnx", "haiku", "equinox", "keras", "torchax")
+MAX_FILE_BYTES = 4 * 1024 * 1024
+MAX_DIR_BYTES = 25 * 1024 * 1024
+RTOL = 1e-5
+
+
+# --------------------------------------------------------------------------- common
+
+
+@dataclasses.dataclass
+class Case:
+    """One model to export, with everything the manifest and the verifier need."""
+
+    name: str  # file stem without the framework prefix
+    framework: str
+    layout: str  # NHWC, NCHW or NC (dense, features last)
+    batchnorm_layers: int
+    producers: int
+    form: str  # "lower" or "export"
+    description: str
+    fn: Callable[[Any], Any]  # jax-traceable, closes over every parameter
+    x: np.ndarray
+    reference: np.ndarray  # the framework's own eager output on x
+
+    @property
+    def file(self) -> str:
+        return f"{self.framework}_{self.name}.mlir"
+
+
+class Stats:
+    """Seeded random values for batch-norm statistics, affine parameters and biases."""
+
+    def __init__(self, key: str):
+        self.rng = np.random.default_rng(zlib.crc32(key.encode()))
+
+    def mean(self, shape):
+        return self.rng.normal(0.0, 0.5, shape).astype(np.float32)
+
+    def var(self, shape):
+        return self.rng.uniform(0.5, 2.0, shape).astype(np.float32)
+
+    def gamma(self, shape):
+        return self.rng.uniform(0.5, 1.5, shape).astype(np.float32)
+
+    def beta(self, shape):
+        return self.rng.normal(0.0, 0.3, shape).astype(np.float32)
+
+    def bias(self, shape):
+        return self.rng.normal(0.0, 0.1, shape).astype(np.float32)
+
+    def input(self, shape):
+        return self.rng.normal(0.0, 1.0, shape).astype(np.float32)
+
+
+def lower(fn: Callable, x: np.ndarray, form: str) -> str:
+    import jax
+
+    jitted = jax.jit(fn)
+    if form == "lower":
+        text = jitted.lower(x).as_text()
+    elif form == "export":
+        text = jax.export.export(jitted)(jax.ShapeDtypeStruct(x.shape, x.dtype)).mlir_module()
+    else:
+        raise ValueError(f"unknown form {form!r}")
+    return text if text.endswith("\n") else text + "\n"
+
+
+def _main_arg_count(text: str) -> int:
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax._src.lib.mlir import ir
+
+    with jax_mlir.make_ir_context():
+        module = ir.Module.parse(text)
+        for op in module.body.operations:
+            if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == "main":
+                ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+                return len(ftype.inputs)
+    raise ValueError("no @main in module")
+
+
+def run_on_xla(text: str, x: np.ndarray) -> np.ndarray:
+    """Compile StableHLO text with XLA CPU and run it on x (private jaxlib APIs)."""
+    import jax
+    import jax.extend
+    from jax._src.lib import xla_client as xc
+
+    be = jax.extend.backend.get_backend("cpu")
+    dev = be.devices()[0]
+    exe = be.compile_and_load(text, xc.DeviceList((dev,)), xc.CompileOptions())
+    out = exe.execute_sharded([jax.device_put(x, dev)]).disassemble_into_single_device_arrays()
+    return np.asarray(out[0][0])
+
+
+def verify(case: Case, text: str) -> float:
+    """Check one written file; return the max error relative to max|ref|."""
+    nargs = _main_arg_count(text)
+    if nargs != 1:
+        raise AssertionError(f"{case.file}: @main has {nargs} arguments, expected 1")
+    if len(text.encode()) > MAX_FILE_BYTES:
+        raise AssertionError(f"{case.file}: {len(text)} bytes > {MAX_FILE_BYTES}")
+    out = run_on_xla(text, case.x)
+    ref = np.asarray(case.reference, dtype=np.float32)
+    if out.shape != ref.shape:
+        raise AssertionError(f"{case.file}: output shape {out.shape} != reference {ref.shape}")
+    scale = max(float(np.max(np.abs(ref))), 1e-30)
+    np.testing.assert_allclose(out, ref, rtol=RTOL, atol=RTOL * scale, err_msg=case.file)
+    other = run_on_xla(text, case.x[::-1].copy() * np.float32(0.5) + np.float32(0.25))
+    if np.allclose(other, out, rtol=1e-3, atol=1e-3 * scale):
+        raise AssertionError(f"{case.file}: output does not depend on the input")
+    return float(np.max(np.abs(out - ref)) / scale)
+
+
+def np_out(y) -> np.ndarray:
+    return np.asarray(y, dtype=np.float32)
+
+
+# --------------------------------------------------------------------------- flax linen
+
+
+def flax_linen_cases() -> Iterator[Case]:
+    import jax
+    import jax.numpy as jnp
+    from flax import linen as nn
+    from flax import traverse_util
+
+    fw = "flax_linen"
+
+    class ConvNCHW(nn.Module):
+        """A linen layer around lax.conv in NCHW/OIHW (linen's Conv is NHWC only)."""
+
+        features: int
+        use_bias: bool = True
+
+        @nn.compact
+        def __call__(self, x):
+            init = nn.initializers.lecun_normal(in_axis=1, out_axis=0)
+            k = self.param("kernel", init, (self.features, x.shape[1], 3, 3))
+            y = jax.lax.conv_general_dilated(
+                x, k, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW")
+            )
+            if self.use_bias:
+                y = y + self.param("bias", nn.initializers.zeros, (self.features,))[None, :, None, None]
+            return y
+
+    class ConvBN(nn.Module):
+        features: int = 8
+        use_bias: bool = False
+        nchw: bool = False
+        groups: int = 1
+        eps: float = 1e-5
+
+        @nn.compact
+        def __call__(self, x):
+            if self.nchw:
+                x = ConvNCHW(self.features, self.use_bias)(x)
+                return nn.BatchNorm(use_running_average=True, axis=1, epsilon=self.eps)(x)
+            x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.use_bias,
+                        feature_group_count=self.groups)(x)
+            return nn.BatchNorm(use_running_average=True, epsilon=self.eps)(x)
+
+    class DenseBN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Dense(32)(x)
+            x = nn.BatchNorm(use_running_average=True)(x)
+            return nn.relu(x)
+
+    class ConvTransposeBN(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.ConvTranspose(8, (3, 3), strides=(2, 2), padding="SAME", use_bias=False)(x)
+            return nn.BatchNorm(use_running_average=True)(x)
+
+    class BasicBlock(nn.Module):
+        features: int
+        strides: int = 1
+
+        @nn.compact
+        def __call__(self, x):
+            bn = lambda: nn.BatchNorm(use_running_average=True, epsilon=1.001e-5)  # noqa: E731
+            y = nn.Conv(self.features, (3, 3), (self.strides,) * 2, padding="SAME", use_bias=False)(x)
+            y = nn.relu(bn()(y))
+            y = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False)(y)
+            y = bn()(y)
+            if self.strides != 1 or x.shape[-1] != self.features:
+                x = nn.Conv(self.features, (1, 1), (self.strides,) * 2, use_bias=False)(x)
+                x = bn()(x)
+            return nn.relu(x + y)
+
+    class ResNet(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Conv(8, (3, 3), padding="SAME", use_bias=False)(x)
+            x = nn.relu(nn.BatchNorm(use_running_average=True)(x))
+            x = BasicBlock(8)(x)
+            x = BasicBlock(16, strides=2)(x)
+            x = BasicBlock(16)(x)
+            x = jnp.mean(x, axis=(1, 2))
+            return nn.Dense(10)(x)
+
+    def make(name, module, in_shape, layout, form, desc):
+        st = Stats(f"{fw}/{name}")
+        x = st.input(in_shape)
+        variables = module.init(jax.random.PRNGKey(zlib.crc32(name.encode()) & 0xFFFF), x)
+        variables = jax.tree_util.tree_map(np.asarray, variables)
+        params = traverse_util.flatten_dict(variables["params"])
+        stats = traverse_util.flatten_dict(variables["batch_stats"])
+        bn_paths = sorted({p[:-1] for p in stats})
+        for path in bn_paths:
+            stats[path + ("mean",)] = st.mean(stats[path + ("mean",)].shape)
+            stats[path + ("var",)] = st.var(stats[path + ("var",)].shape)
+            params[path + ("scale",)] = st.gamma(params[path + ("scale",)].shape)
+            params[path + ("bias",)] = st.beta(params[path + ("bias",)].shape)
+        producers = 0
+        for path in list(params):
+            if path[-1] == "kernel":
+                producers += 1
+            elif path[-1] == "bias" and path[:-1] not in bn_paths:
+                params[path] = st.bias(params[path].shape)
+        variables = {
+            "params": traverse_util.unflatten_dict(params),
+            "batch_stats": traverse_util.unflatten_dict(stats),
+        }
+        fn = lambda x: module.apply(variables, x)  # noqa: E731
+        return Case(name, fw, layout, len(bn_paths), producers, form, desc, fn, x, np_out(fn(x)))
+
+    yield make("conv_bn_nhwc", ConvBN(use_bias=False), (2, 16, 16, 3), "NHWC", "lower",
+               "nn.Conv 3x3 SAME no bias -> nn.BatchNorm")
+    yield make("conv_bias_bn_nhwc", ConvBN(use_bias=True), (1, 16, 16, 3), "NHWC", "export",
+               "nn.Conv 3x3 SAME with bias -> nn.BatchNorm")
+    yield make("conv_bn_nchw", ConvBN(use_bias=True, nchw=True), (2, 3, 16, 16), "NCHW", "lower",
+               "lax.conv_general_dilated NCHW/OIHW with bias -> nn.BatchNorm(axis=1)")
+    yield make("depthwise_bn_nhwc", ConvBN(features=16, groups=8, eps=1e-3), (1, 16, 16, 8), "NHWC",
+               "export", "nn.Conv feature_group_count=8, 8->16 (multiplier 2) -> nn.BatchNorm eps=1e-3")
+    yield make("dense_bn", DenseBN(), (2, 20), "NC", "lower", "nn.Dense 20->32 -> nn.BatchNorm -> relu")
+    yield make("conv_transpose_bn_nhwc", ConvTransposeBN(), (1, 8, 8, 4), "NHWC", "lower",
+               "nn.ConvTranspose 3x3 stride 2 SAME no bias -> nn.BatchNorm")
+    yield make("resnet_nhwc", ResNet(), (2, 16, 16, 3), "NHWC", "export",
+               "stem conv-BN-relu + 3 basic blocks (one strided with 1x1 projection+BN) + mean + Dense")
+
+
+# --------------------------------------------------------------------------- flax nnx
+
+
+def flax_nnx_cases() -> Iterator[Case]:
+    import jax.numpy as jnp
+    from flax import nnx
+
+    fw = "flax_nnx"
+
+    class ConvBN(nnx.Module):
+        def __init__(self, cin, cout, *, use_bias, groups=1, rngs):
+            self.conv = nnx.Conv(cin, cout, (3, 3), padding="SAME", use_bias=use_bias,
+                                 feature_group_count=groups, rngs=rngs)
+            self.bn = nnx.BatchNorm(cout, use_running_average=True, rngs=rngs)
+
+        def __call__(self, x):
+            return self.bn(self.conv(x))
+
+    class DenseBN(nnx.Module):
+        def __init__(self, *, rngs):
+            self.linear = nnx.Linear(20, 32, rngs=rngs)
+            self.bn = nnx.BatchNorm(32, use_running_average=True, rngs=rngs)
+
+        def __call__(self, x):
+            return nnx.relu(self.bn(self.linear(x)))
+
+    class BasicBlock(nnx.Module):
+        def __init__(self, cin, cout, strides, *, rngs):
+            self.conv1 = nnx.Conv(cin, cout, (3, 3), strides=strides, padding="SAME", use_bias=False, rngs=rngs)
+            self.bn1 = nnx.BatchNorm(cout, use_running_average=True, rngs=rngs)
+            self.conv2 = nnx.Conv(cout, cout, (3, 3), padding="SAME", use_bias=False, rngs=rngs)
+            self.bn2 = nnx.BatchNorm(cout, use_running_average=True, rngs=rngs)
+            if strides != 1 or cin != cout:
+                self.proj = nnx.Conv(cin, cout, (1, 1), strides=strides, use_bias=False, rngs=rngs)
+                self.proj_bn = nnx.BatchNorm(cout, use_running_average=True, rngs=rngs)
+            else:
+                self.proj = None
+                self.proj_bn = None
+
+        def __call__(self, x):
+            y = nnx.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            if self.proj is not None:
+                x = self.proj_bn(self.proj(x))
+            return nnx.relu(x + y)
+
+    class ResNet(nnx.Module):
+        def __init__(self, *, rngs):
+            self.stem = nnx.Conv(3, 8, (3, 3), padding="SAME", rngs=rngs)  # with bias
+            self.stem_bn = nnx.BatchNorm(8, use_running_average=True, rngs=rngs)
+            self.block1 = BasicBlock(8, 8, 1, rngs=rngs)
+            self.block2 = BasicBlock(8, 16, 2, rngs=rngs)
+            self.head = nnx.Linear(16, 10, rngs=rngs)
+
+        def __call__(self, x):
+            x = nnx.relu(self.stem_bn(self.stem(x)))
+            x = self.block2(self.block1(x))
+            return self.head(jnp.mean(x, axis=(1, 2)))
+
+    def make(name, ctor, in_shape, layout, form, desc):
+        st = Stats(f"{fw}/{name}")
+        model = ctor(nnx.Rngs(zlib.crc32(name.encode()) & 0xFFFF))
+        model.eval()
+        nbn = nprod = 0
+        for _, m in nnx.iter_modules(model):
+            if isinstance(m, nnx.BatchNorm):
+                nbn += 1
+                for var, gen in ((m.mean, st.mean), (m.var, st.var), (m.scale, st.gamma), (m.bias, st.beta)):
+                    var[...] = jnp.asarray(gen(var[...].shape))
+            elif isinstance(m, (nnx.Conv, nnx.Linear, nnx.ConvTranspose)):
+                nprod += 1
+                if m.bias is not None:
+                    m.bias[...] = jnp.asarray(st.bias(m.bias[...].shape))
+        x = st.input(in_shape)
+        fn = lambda x: model(x)  # noqa: E731
+        return Case(name, fw, layout, nbn, nprod, form, desc, fn, x, np_out(fn(x)))
+
+    yield make("conv_bn_nhwc", lambda r: ConvBN(3, 8, use_bias=False, rngs=r), (1, 16, 16, 3), "NHWC",
+               "export", "nnx.Conv 3x3 SAME no bias -> nnx.BatchNorm")
+    yield make("conv_bias_bn_nhwc", lambda r: ConvBN(3, 8, use_bias=True, rngs=r), (2, 16, 16, 3), "NHWC",
+               "lower", "nnx.Conv 3x3 SAME with bias -> nnx.BatchNorm")
+    yield make("depthwise_bn_nhwc", lambda r: ConvBN(8, 16, use_bias=True, groups=8, rngs=r), (1, 16, 16, 8),
+               "NHWC", "lower", "nnx.Conv feature_group_count=8, 8->16 with bias -> nnx.BatchNorm")
+    yield make("dense_bn", lambda r: DenseBN(rngs=r), (2, 20), "NC", "export",
+               "nnx.Linear 20->32 -> nnx.BatchNorm -> relu")
+    yield make("resnet_nhwc", lambda r: ResNet(rngs=r), (2, 16, 16, 3), "NHWC", "lower",
+               "stem conv(bias)-BN-relu + 2 basic blocks (second strided with 1x1 projection+BN) + Linear")
+
+
+# --------------------------------------------------------------------------- haiku
+
+
+def haiku_cases() -> Iterator[Case]:
+    import haiku as hk
+    import jax
+
+    fw = "haiku"
+
+    def bn(data_format="channels_last", eps=1e-5):
+        return hk.BatchNorm(create_scale=True, create_offset=True, decay_rate=0.9, eps=eps,
+                            data_format=data_format)
+
+    # Every body takes is_training: init runs with True (so the EMA state exists), the
+    # exported function with False.
+    def conv_bn(x, is_training, *, with_bias):
+        y = hk.Conv2D(8, 3, padding="SAME", with_bias=with_bias)(x)
+        return bn()(y, is_training=is_training)
+
+    def conv_bn_nchw(x, is_training):
+        y = hk.Conv2D(8, 3, padding="SAME", with_bias=True, data_format="NCHW")(x)
+        return bn("channels_first")(y, is_training=is_training)
+
+    def depthwise_bn(x, is_training):
+        y = hk.DepthwiseConv2D(channel_multiplier=2, kernel_shape=3, padding="SAME", with_bias=False)(x)
+        return bn(eps=1e-3)(y, is_training=is_training)
+
+    def dense_bn(x, is_training):
+        y = hk.Linear(32)(x)
+        return jax.nn.relu(bn()(y, is_training=is_training))
+
+    def resnet(x, is_training):
+        net = hk.nets.ResNet(
+            blocks_per_group=(1, 1, 1, 1), num_classes=10, bottleneck=False,
+            channels_per_group=(8, 16, 16, 32), use_projection=(True, True, True, True),
+            initial_conv_config={"output_channels": 8, "kernel_shape": 3, "stride": 1},
+            logits_config={"w_init": hk.initializers.VarianceScaling()},  # default is zeros
+        )
+        return net(x, is_training=is_training)
+
+    def make(name, body, in_shape, layout, form, desc):
+        st = Stats(f"{fw}/{name}")
+        x = st.input(in_shape)
+        f = hk.transform_with_state(body)
+        params, state = f.init(jax.random.PRNGKey(zlib.crc32(name.encode()) & 0xFFFF), x, True)
+        params = hk.data_structures.to_mutable_dict(jax.tree_util.tree_map(np.asarray, params))
+        state = hk.data_structures.to_mutable_dict(jax.tree_util.tree_map(np.asarray, state))
+        bn_modules = sorted(k[: -len("/~/mean_ema")] for k in state if k.endswith("/~/mean_ema"))
+        for m in bn_modules:
+            for stat, gen in (("mean_ema", st.mean), ("var_ema", st.var)):
+                ema = state[f"{m}/~/{stat}"]
+                value = gen(ema["average"].shape)
+                ema["average"] = value
+                ema["hidden"] = value.copy()
+            params[m]["scale"] = st.gamma(params[m]["scale"].shape)
+            params[m]["offset"] = st.beta(params[m]["offset"].shape)
+        nprod = 0
+        for mod, p in params.items():
+            if "w" in p:
+                nprod += 1
+                if "b" in p:
+                    p["b"] = st.bias(p["b"].shape)
+        fn = lambda x: f.apply(params, state, None, x, False)[0]  # noqa: E731
+        return Case(name, fw, layout, len(bn_modules), nprod, form, desc, fn, x, np_out(fn(x)))
+
+    yield make("conv_bn_nhwc", lambda x, t: conv_bn(x, t, with_bias=False), (1, 16, 16, 3), "NHWC", "lower",
+               "hk.Conv2D 3x3 SAME no bias -> hk.BatchNorm")
+    yield make("conv_bias_bn_nhwc", lambda x, t: conv_bn(x, t, with_bias=True), (2, 16, 16, 3), "NHWC", "export",
+               "hk.Conv2D 3x3 SAME with bias -> hk.BatchNorm")
+    yield make("conv_bn_nchw", conv_bn_nchw, (2, 3, 16, 16), "NCHW", "export",
+               "hk.Conv2D data_format=NCHW with bias -> hk.BatchNorm(data_format=channels_first)")
+    yield make("depthwise_bn_nhwc", depthwise_bn, (1, 16, 16, 8), "NHWC", "lower",
+               "hk.DepthwiseConv2D channel_multiplier=2 (8->16) -> hk.BatchNorm eps=1e-3")
+    yield make("dense_bn", dense_bn, (2, 20), "NC", "lower", "hk.Linear 20->32 -> hk.BatchNorm -> relu")
+    yield make("resnet_nhwc", resnet, (2, 32, 32, 3), "NHWC", "export",
+               "hk.nets.ResNet v1, basic blocks (1,1,1,1), channels (8,16,16,32), projections, 3x3 stem")
+
+
+# --------------------------------------------------------------------------- equinox
+
+
+def equinox_cases() -> Iterator[Case]:
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+
+    fw = "equinox"
+    producer_types = (eqx.nn.Conv, eqx.nn.Linear, eqx.nn.ConvTranspose)
+
+    class ConvBN(eqx.Module):
+        conv: eqx.nn.Conv2d
+        bn: eqx.nn.BatchNorm
+
+        def __init__(self, cin, cout, *, use_bias, groups=1, mode="ema", key):
+            self.conv = eqx.nn.Conv2d(cin, cout, 3, padding="SAME", use_bias=use_bias, groups=groups, key=key)
+            self.bn = eqx.nn.BatchNorm(cout, axis_name="batch", mode=mode)
+
+        def __call__(self, x, state):
+            return self.bn(self.conv(x), state)
+
+    class DenseBN(eqx.Module):
+        linear: eqx.nn.Linear
+        bn: eqx.nn.BatchNorm
+
+        def __init__(self, *, key):
+            self.linear = eqx.nn.Linear(20, 32, key=key)
+            self.bn = eqx.nn.BatchNorm(32, axis_name="batch", mode="ema")
+
+        def __call__(self, x, state):
+            y, state = self.bn(self.linear(x), state)
+            return jax.nn.relu(y), state
+
+    class BasicBlock(eqx.Module):
+        conv1: eqx.nn.Conv2d
+        bn1: eqx.nn.BatchNorm
+        conv2: eqx.nn.Conv2d
+        bn2: eqx.nn.BatchNorm
+        proj: eqx.nn.Conv2d | None
+        proj_bn: eqx.nn.BatchNorm | None
+
+        def __init__(self, cin, cout, stride, *, key):
+            k1, k2, k3 = jax.random.split(key, 3)
+            self.conv1 = eqx.nn.Conv2d(cin, cout, 3, stride=stride, padding=1, use_bias=False, key=k1)
+            self.bn1 = eqx.nn.BatchNorm(cout, axis_name="batch", mode="ema")
+            self.conv2 = eqx.nn.Conv2d(cout, cout, 3, padding=1, use_bias=False, key=k2)
+            self.bn2 = eqx.nn.BatchNorm(cout, axis_name="batch", mode="ema")
+            if stride != 1 or cin != cout:
+                self.proj = eqx.nn.Conv2d(cin, cout, 1, stride=stride, use_bias=False, key=k3)
+                self.proj_bn = eqx.nn.BatchNorm(cout, axis_name="batch", mode="ema")
+            else:
+                self.proj = None
+                self.proj_bn = None
+
+        def __call__(self, x, state):
+            y, state = self.bn1(self.conv1(x), state)
+            y, state = self.bn2(self.conv2(jax.nn.relu(y)), state)
+            if self.proj is not None:
+                x, state = self.proj_bn(self.proj(x), state)
+            return jax.nn.relu(x + y), state
+
+    class ResNet(eqx.Module):
+        stem: eqx.nn.Conv2d
+        stem_bn: eqx.nn.BatchNorm
+        block1: BasicBlock
+        block2: BasicBlock
+        head: eqx.nn.Linear
+
+        def __init__(self, *, key):
+            k = jax.random.split(key, 4)
+            self.stem = eqx.nn.Conv2d(3, 8, 3, padding=1, use_bias=False, key=k[0])
+            self.stem_bn = eqx.nn.BatchNorm(8, axis_name="batch", mode="ema")
+            self.block1 = BasicBlock(8, 8, 1, key=k[1])
+            self.block2 = BasicBlock(8, 16, 2, key=k[2])
+            self.head = eqx.nn.Linear(16, 10, key=k[3])
+
+        def __call__(self, x, state):
+            x, state = self.stem_bn(self.stem(x), state)
+            x, state = self.block1(jax.nn.relu(x), state)
+            x, state = self.block2(x, state)
+            return self.head(jnp.mean(x, axis=(1, 2))), state
+
+    is_bn = lambda n: isinstance(n, eqx.nn.BatchNorm)  # noqa: E731
+
+    def make(name, ctor, in_shape, layout, form, desc, batch_counter=100):
+        st = Stats(f"{fw}/{name}")
+        model, state = eqx.nn.make_with_state(ctor)(key=jax.random.PRNGKey(zlib.crc32(name.encode()) & 0xFFFF))
+        nodes = jax.tree_util.tree_leaves(model, is_leaf=lambda n: is_bn(n) or isinstance(n, producer_types))
+        bns = [n for n in nodes if is_bn(n)]
+        prods = [n for n in nodes if isinstance(n, producer_types)]
+        for b in bns:
+            mean, var = st.mean(b.input_size), st.var(b.input_size)
+            if b.mode == "ema":
+                state = state.set(b.ema_state_index, (jnp.asarray(mean), jnp.asarray(var)))
+            else:  # "batch": inference divides the hidden EMA by 1 - momentum**counter
+                debias = np.float32(1 - b.momentum**batch_counter)
+                state = state.set(b.batch_counter, jnp.asarray(batch_counter))
+                state = state.set(b.batch_state_index, (jnp.asarray(mean * debias), jnp.asarray(var * debias)))
+
+        def replace(n):
+            if is_bn(n):
+                return eqx.tree_at(lambda b: (b.weight, b.bias), n,
+                                   (jnp.asarray(st.gamma(n.input_size)), jnp.asarray(st.beta(n.input_size))))
+            if isinstance(n, producer_types) and n.bias is not None:
+                return eqx.tree_at(lambda c: c.bias, n, jnp.asarray(st.bias(n.bias.shape)))
+            return n
+
+        model = jax.tree_util.tree_map(replace, model, is_leaf=lambda n: is_bn(n) or isinstance(n, producer_types))
+        model = eqx.nn.inference_mode(model)
+        batched = jax.vmap(lambda x: model(x, state)[0], axis_name="batch")
+        x = st.input(in_shape)
+        fn = lambda x: batched(x)  # noqa: E731
+        return Case(name, fw, layout, len(bns), len(prods), form, desc, fn, x, np_out(fn(x)))
+
+    yield make("conv_bn_nchw", lambda key: ConvBN(3, 8, use_bias=False, key=key), (2, 3, 16, 16), "NCHW",
+               "lower", "eqx.nn.Conv2d 3x3 SAME no bias -> eqx.nn.BatchNorm(mode=ema), vmapped")
+    yield make("conv_bias_bn_nchw", lambda key: ConvBN(3, 8, use_bias=True, key=key), (1, 3, 16, 16), "NCHW",
+               "export", "eqx.nn.Conv2d 3x3 SAME with bias -> eqx.nn.BatchNorm(mode=ema), vmapped")
+    yield make("conv_bn_batchmode_nchw", lambda key: ConvBN(3, 8, use_bias=True, mode="batch", key=key),
+               (2, 3, 16, 16), "NCHW", "export",
+               "eqx.nn.Conv2d with bias -> eqx.nn.BatchNorm(mode=batch): zero-debias counter/where chain")
+    yield make("grouped_bn_nchw", lambda key: ConvBN(8, 16, use_bias=True, groups=8, key=key),
+               (1, 8, 16, 16), "NCHW", "lower", "eqx.nn.Conv2d groups=8, 8->16 with bias -> eqx.nn.BatchNorm")
+    yield make("dense_bn", lambda key: DenseBN(key=key), (2, 20), "NC", "lower",
+               "eqx.nn.Linear 20->32 -> eqx.nn.BatchNorm -> relu, vmapped")
+    yield make("resnet_nchw", lambda key: ResNet(key=key), (2, 3, 16, 16), "NCHW", "export",
+               "stem conv-BN-relu + 2 basic blocks (second strided with 1x1 projection+BN) + Linear")
+
+
+# --------------------------------------------------------------------------- keras
+
+
+def keras_cases() -> Iterator[Case]:
+    import jax.numpy as jnp
+    import keras
+    from keras import layers
+
+    if keras.backend.backend() != "jax":
+        raise RuntimeError(f"keras backend is {keras.backend.backend()!r}, not 'jax'")
+    fw = "keras"
+    producer_types = (layers.Conv2D, layers.DepthwiseConv2D, layers.Conv2DTranspose, layers.Dense)
+
+    def all_layers(model):
+        return [l for l in model._flatten_layers(include_self=False, recursive=True)]
+
+    def calibrate(model, bn, st, x_cal):
+        """Running stats = the BN input's actual statistics, perturbed (see docstring)."""
+        probe = keras.Model(model.inputs, bn.input)
+        axes = tuple(a for a in range(len(bn.input.shape)) if a != bn.axis % len(bn.input.shape))
+        act = np.asarray(probe(x_cal, training=False), dtype=np.float64)
+        mean, var = act.mean(axis=axes), act.var(axis=axes) + 1e-4
+        c = mean.shape
+        return (mean + st.mean(c) * np.sqrt(var)).astype(np.float32), (var * st.var(c)).astype(np.float32)
+
+    def make(name, build, in_shape, layout, form, desc, calibrated=False):
+        st = Stats(f"{fw}/{name}")
+        keras.utils.set_random_seed(zlib.crc32(name.encode()) & 0xFFFF)
+        model = build()
+        x_cal = st.input((8,) + tuple(in_shape[1:])) if calibrated else None
+        nbn = nprod = 0
+        for layer in all_layers(model):
+            if isinstance(layer, layers.BatchNormalization):
+                nbn += 1
+                c = layer.moving_mean.shape
+                if calibrated:
+                    mean, var = calibrate(model, layer, st, x_cal)
+                else:
+                    mean, var = st.mean(c), st.var(c)
+                layer.moving_mean.assign(mean)
+                layer.moving_variance.assign(var)
+                if layer.gamma is not None:
+                    layer.gamma.assign(st.gamma(c))
+                if layer.beta is not None:
+                    layer.beta.assign(st.beta(c))
+            elif isinstance(layer, producer_types):
+                nprod += 1
+                if getattr(layer, "bias", None) is not None:
+                    layer.bias.assign(st.bias(layer.bias.shape))
+        x = st.input(in_shape)
+        fn = lambda x: model(x, training=False)  # noqa: E731
+        return Case(name, fw, layout, nbn, nprod, form, desc, fn, x, np_out(fn(jnp.asarray(x))))
+
+    def seq(in_shape, *ls):
+        return lambda: keras.Sequential([keras.Input(in_shape[1:]), *ls])
+
+    yield make("conv_bn_nhwc", seq((1, 16, 16, 3), layers.Conv2D(8, 3, padding="same", use_bias=False),
+                                   layers.BatchNormalization()),
+               (1, 16, 16, 3), "NHWC", "lower", "Conv2D 3x3 same no bias -> BatchNormalization")
+    yield make("conv_bias_bn_nhwc", seq((2, 16, 16, 3), layers.Conv2D(8, 3, padding="same"),
+                                        layers.BatchNormalization(), layers.ReLU()),
+               (2, 16, 16, 3), "NHWC", "export", "Conv2D 3x3 same with bias -> BatchNormalization -> ReLU")
+    yield make("conv_bias_bn_nchw", seq((2, 3, 16, 16),
+                                        layers.Conv2D(8, 3, padding="same", data_format="channels_first"),
+                                        layers.BatchNormalization(axis=1)),
+               (2, 3, 16, 16), "NCHW", "lower",
+               "Conv2D channels_first with bias -> BatchNormalization(axis=1)")
+    yield make("depthwise_bn_nhwc", seq((1, 16, 16, 8),
+                                        layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2),
+                                        layers.BatchNormalization(), layers.ReLU(6.0)),
+               (1, 16, 16, 8), "NHWC", "export",
+               "DepthwiseConv2D depth_multiplier=2 (8->16) with bias -> BatchNormalization -> ReLU6")
+    yield make("conv_transpose_bn_nhwc", seq((1, 8, 8, 4),
+                                             layers.Conv2DTranspose(8, 3, strides=2, padding="same"),
+                                             layers.BatchNormalization()),
+               (1, 8, 8, 4), "NHWC", "lower", "Conv2DTranspose 3x3 stride 2 with bias -> BatchNormalization")
+    yield make("dense_bn", seq((2, 20), layers.Dense(32), layers.BatchNormalization(), layers.ReLU()),
+               (2, 20), "NC", "export", "Dense 20->32 -> BatchNormalization -> ReLU")
+
+    def resnet():
+        def block(x, filters, stride):
+            y = layers.Conv2D(filters, 3, strides=stride, padding="same")(x)
+            y = layers.BatchNormalization(epsilon=1.001e-5)(y)
+            y = layers.Activation("relu")(y)
+            y = layers.Conv2D(filters, 3, padding="same")(y)
+            y = layers.BatchNormalization(epsilon=1.001e-5)(y)
+            if stride != 1 or x.shape[-1] != filters:
+                x = layers.Conv2D(filters, 1, strides=stride)(x)
+                x = layers.BatchNormalization(epsilon=1.001e-5)(x)
+            return layers.Activation("relu")(layers.Add()([x, y]))
+
+        inp = keras.Input((32, 32, 3))
+        x = layers.ZeroPadding2D(1)(inp)
+        x = layers.Conv2D(8, 3)(x)
+        x = layers.Activation("relu")(layers.BatchNormalization(epsilon=1.001e-5)(x))
+        x = block(x, 8, 1)
+        x = block(x, 16, 2)
+        x = block(x, 16, 1)
+        x = layers.GlobalAveragePooling2D()(x)
+        return keras.Model(inp, layers.Dense(10)(x))
+
+    yield make("resnet_nhwc", resnet, (2, 32, 32, 3), "NHWC", "lower",
+               "functional ResNet: padded stem conv-BN-relu + 3 basic blocks (Add, one 1x1 projection+BN), "
+               "biased convs, eps=1.001e-5, GAP + Dense")
+    yield make("mobilenetv2_nhwc",
+               lambda: keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
+                                                      classes=10, classifier_activation=None),
+               (1, 32, 32, 3), "NHWC", "export",
+               "keras.applications.MobileNetV2(alpha=0.35, weights=None, classes=10), 32x32 input; "
+               "running stats calibrated on random inputs, then perturbed", calibrated=True)
+
+
+# --------------------------------------------------------------------------- torchax
+
+
+def _import_torchax():
+    """Import torchax, shimming the Dimname overloads torch 2.13 no longer has (see docstring)."""
+    import torch
+    import torch._ops as torch_ops
+
+    try:
+        import torchax
+
+        return torch, torchax
+    except AttributeError as e:
+        if "dimname" not in str(e).lower():
+            raise
+    for mod in [m for m in sys.modules if m == "torchax" or m.startswith("torchax.")]:
+        del sys.modules[mod]
+
+    class _MissingOverload:
+        def __init__(self, name):
+            self.name = name
+
+        def __repr__(self):
+            return f"<missing overload {self.name}>"
+
+        def __call__(self, *args, **kwargs):
+            raise NotImplementedError(f"{self.name} does not exist in torch {torch.__version__}")
+
+    original = torch_ops.OpOverloadPacket.__getattr__
+
+    def getattr_with_shim(self, key):
+        try:
+            return original(self, key)
+        except AttributeError:
+            if key.lower().endswith("dimname"):
+                return _MissingOverload(f"{self._qualified_op_name}.{key}")
+            raise
+
+    torch_ops.OpOverloadPacket.__getattr__ = getattr_with_shim
+    try:
+        import torchax
+    finally:
+        torch_ops.OpOverloadPacket.__getattr__ = original
+    return torch, torchax
+
+
+def torchax_cases() -> Iterator[Case]:
+    try:
+        torch, torchax = _import_torchax()
+    except ImportError as e:
+        print(f"torchax: skipped ({e})", file=sys.stderr)
+        return
+    from torch import nn
+
+    fw = "torchax"
+
+    class BasicBlock(nn.Module):
+        def __init__(self, cin, cout, stride):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(cout)
+            self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(cout)
+            self.shortcut = nn.Identity()
+            if stride != 1 or cin != cout:
+                self.shortcut = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
+
+        def forward(self, x):
+            y = torch.relu(self.bn1(self.conv1(x)))
+            y = self.bn2(self.conv2(y))
+            return torch.relu(self.shortcut(x) + y)
+
+    class ResNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 1, 1, bias=False), nn.BatchNorm2d(8), nn.ReLU())
+            self.blocks = nn.Sequential(BasicBlock(8, 8, 1), BasicBlock(8, 16, 2), BasicBlock(16, 16, 1))
+            self.fc = nn.Linear(16, 10)
+
+        def forward(self, x):
+            x = self.blocks(self.stem(x))
+            return self.fc(x.mean(dim=(2, 3)))
+
+    def make(name, build, in_shape, layout, form, desc):
+        st = Stats(f"{fw}/{name}")
+        torch.manual_seed(zlib.crc32(name.encode()) & 0xFFFF)
+        model = build().eval()
+        nbn = nprod = 0
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                    nbn += 1
+                    c = m.num_features
+                    m.running_mean.copy_(torch.from_numpy(st.mean(c)))
+                    m.running_var.copy_(torch.from_numpy(st.var(c)))
+                    m.weight.copy_(torch.from_numpy(st.gamma(c)))
+                    m.bias.copy_(torch.from_numpy(st.beta(c)))
+                elif isinstance(m, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
+                    nprod += 1  # torch's own init already gives random biases
+            x = st.input(in_shape)
+            reference = model(torch.from_numpy(x)).numpy()
+        params, jax_fn = torchax.extract_jax(model)
+        fn = lambda x: jax_fn(params, (x,))  # noqa: E731
+        return Case(name, fw, layout, nbn, nprod, form, desc, fn, x, reference)
+
+    seq = nn.Sequential
+    yield make("conv_bn_nchw", lambda: seq(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)),
+               (2, 3, 16, 16), "NCHW", "lower", "nn.Conv2d 3x3 pad 1 no bias -> nn.BatchNorm2d, eval()")
+    yield make("conv_bias_bn_nchw",
+               lambda: seq(nn.Conv2d(3, 8, 3, padding="same"), nn.BatchNorm2d(8), nn.ReLU()),
+               (1, 3, 16, 16), "NCHW", "export",
+               "nn.Conv2d 3x3 padding=same with bias -> nn.BatchNorm2d -> ReLU, eval()")
+    yield make("grouped_bn_nchw", lambda: seq(nn.Conv2d(8, 16, 3, padding=1, groups=8), nn.BatchNorm2d(16)),
+               (1, 8, 16, 16), "NCHW", "lower", "nn.Conv2d groups=8, 8->16 with bias -> nn.BatchNorm2d")
+    yield make("conv_transpose_grouped_bn_nchw",
+               lambda: seq(nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1, output_padding=1, groups=2),
+                           nn.BatchNorm2d(8)),
+               (1, 4, 8, 8), "NCHW", "export",
+               "nn.ConvTranspose2d groups=2, 4->8, stride 2, with bias -> nn.BatchNorm2d")
+    yield make("dense_bn", lambda: seq(nn.Linear(20, 32), nn.BatchNorm1d(32), nn.ReLU()), (2, 20), "NC",
+               "export", "nn.Linear 20->32 -> nn.BatchNorm1d -> ReLU, eval()")
+    yield make("resnet_nchw", ResNet, (2, 3, 16, 16), "NCHW", "lower",
+               "stem conv-BN-relu + 3 basic blocks (one strided with 1x1 projection+BN) + mean + Linear")
+
+
+BUILDERS: dict[str, Callable[[], Iterator[Case]]] = {
+    "flax_linen": flax_linen_cases,
+    "flax_nnx": flax_nnx_cases,
+    "haiku": haiku_cases,
+    "equinox": equinox_cases,
+    "keras": keras_cases,
+    "torchax": torchax_cases,
+}
+
+
+# --------------------------------------------------------------------------- driver
+
+
+def manifest_entry(case: Case, output_shape) -> dict:
+    return {
+        "file": case.file,
+        "framework": case.framework,
+        "layout": case.layout,
+        "batchnorm_layers": case.batchnorm_layers,
+        "producers": case.producers,
+        "input_shape": list(case.x.shape),
+        "output_shape": list(output_shape),
+        "form": case.form,
+        "description": case.description,
+    }
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Frameworks: " + ", ".join(FRAMEWORKS),
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"output directory (default: {DEFAULT_OUT.relative_to(REPO_ROOT)} in the repo)")
+    parser.add_argument("--only", action="append", metavar="FRAMEWORK",
+                        help="export only these frameworks (repeatable or comma-separated)")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="skip compiling and comparing each file with the framework's output")
+    args = parser.parse_args(argv)
+    selected = []
+    for item in args.only or list(FRAMEWORKS):
+        for name in item.split(","):
+            name = name.strip()
+            if name not in FRAMEWORKS:
+                parser.error(f"unknown framework {name!r}; choose from {', '.join(FRAMEWORKS)}")
+            if name not in selected:
+                selected.append(name)
+    args.frameworks = selected
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    manifest_path = out / "manifest.json"
+    old_entries = json.loads(manifest_path.read_text()) if manifest_path.exists() else []
+    entries = {e["file"]: e for e in old_entries if e["framework"] not in args.frameworks}
+
+    t_start = time.perf_counter()
+    failures = []
+    for fw in args.frameworks:
+        t0 = time.perf_counter()
+        count = 0
+        for case in BUILDERS[fw]():
+            text = lower(case.fn, case.x, case.form)
+            (out / case.file).write_text(text)
+            status = "not verified"
+            try:
+                if not args.no_verify:
+                    status = f"ok, max rel err {verify(case, text):.1e}"
+            except AssertionError as e:
+                status = "FAILED"
+                failures.append(f"{case.file}: {e}")
+            entries[case.file] = manifest_entry(case, case.reference.shape)
+            count += 1
+            print(f"  {case.file:45s} {len(text.encode()) / 1024:8.1f} KiB  bn={case.batchnorm_layers:<3d}"
+                  f" producers={case.producers:<3d} {case.form:6s} {status}")
+        print(f"{fw}: {count} models in {time.perf_counter() - t0:.1f} s")
+
+    ordered = sorted(entries.values(), key=lambda e: (FRAMEWORKS.index(e["framework"]), e["file"]))
+    manifest_path.write_text(json.dumps(ordered, indent=2) + "\n")
+    total = sum(p.stat().st_size for p in out.glob("*") if p.is_file())
+    print(f"wrote {manifest_path} ({len(ordered)} entries); directory {total / 2**20:.2f} MiB;"
+          f" {time.perf_counter() - t_start:.1f} s")
+    if total > MAX_DIR_BYTES:
+        failures.append(f"directory is {total} bytes > {MAX_DIR_BYTES}")
+    for f in failures:
+        print("FAILED:", f, file=sys.stderr)
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
