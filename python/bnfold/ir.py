@@ -100,7 +100,8 @@ def serialize(module: ir.Module, fmt: Format, *, target_version: str | None = No
     """The module as text, bytecode or a portable artifact."""
     if fmt == "portable":
         target = target_version or stablehlo.get_current_version()
-        return stablehlo.serialize_portable_artifact(module, target)
+        # Shardy (sdy) ops and attributes ride along, as jax.export does.
+        return stablehlo.serialize_portable_artifact(module, target, True)
     buf = io.BytesIO()
     if fmt == "bytecode":
         module.operation.write_bytecode(buf)

@@ -1,0 +1,131 @@
+"""Bind function arguments to constant values (TVM's `bind_params_by_name`).
+
+JAX exports usually pass parameters as arguments, so nothing is constant and
+nothing folds. Binding replaces chosen arguments of a function by
+`stablehlo.constant` ops and removes them from its signature:
+
+    func.func @main(%arg0: tensor<4xf32> loc("params['b']"), %arg1: tensor<1x8x8x3xf32>)
+  -> bind {"arg0": b} (or {"params['b']": b})
+    func.func @main(%arg0: tensor<1x8x8x3xf32>) {
+      %cst = stablehlo.constant dense<[...]> : tensor<4xf32>
+
+Arguments are named by `argN`, by their `jax.arg_info` attribute, or by their
+location name (jax.export writes `loc("params['b']")`).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from bnfold import elements
+from bnfold.errors import BnfoldError
+from bnfold.ir import ir, stablehlo
+
+_LOC_NAME_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"')
+
+
+def find_function(module: ir.Module, name: str) -> ir.Operation:
+    for op in module.body.operations:
+        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op.operation
+    raise BnfoldError(f"error: module has no function @{name}")
+
+
+def argument_names(func: ir.Operation) -> list[set[str]]:
+    """Every name each argument answers to: argN, jax.arg_info, its location name."""
+    block = func.regions[0].blocks[0]
+    arg_attrs = func.attributes["arg_attrs"] if "arg_attrs" in func.attributes else None
+    names: list[set[str]] = []
+    for i, arg in enumerate(block.arguments):
+        aliases = {f"arg{i}"}
+        if arg_attrs is not None:
+            attrs = ir.DictAttr(ir.ArrayAttr(arg_attrs)[i])
+            if "jax.arg_info" in attrs:
+                aliases.add(ir.StringAttr(attrs["jax.arg_info"]).value)
+        match = _LOC_NAME_RE.match(str(arg.location))
+        if match:
+            aliases.add(match.group(1).replace('\\"', '"'))
+        names.append(aliases)
+    return names
+
+
+def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
+                   function: str = "main", source_name: str | None = None) -> list[int]:
+    """Replaces the named arguments of `@function` by constants; returns their indices.
+
+    Raises `BnfoldError` listing every key that names no argument and every
+    value whose shape or dtype does not match, before changing anything.
+    """
+    func = find_function(module, function)
+    block = func.regions[0].blocks[0]
+    names = argument_names(func)
+    where = f"{source_name}: " if source_name else ""
+    chosen: dict[int, np.ndarray] = {}
+    problems: list[str] = []
+    for key, value in values.items():
+        index = _resolve(key, names)
+        if index is None:
+            problems.append(f"'{key}' names no argument of @{function} "
+                            f"(it has {len(names)}: {_describe(names)})")
+            continue
+        if index in chosen:
+            problems.append(f"'{key}' binds argument {index} a second time")
+            continue
+        array = np.asarray(value)
+        arg_type = elements.tensor_type(block.arguments[index].type)
+        if arg_type is None:
+            problems.append(f"argument {index} ('{key}') has a dynamic or non-tensor type")
+            continue
+        expected = elements.numpy_dtype(arg_type.element_type)
+        if tuple(array.shape) != tuple(arg_type.shape) or expected is None or array.dtype != expected:
+            problems.append(f"'{key}' is {array.dtype}{list(array.shape)} but argument {index} is "
+                            f"{arg_type}")
+            continue
+        chosen[index] = array
+    if problems:
+        raise BnfoldError(f"{where}error: cannot bind parameters:\n  " + "\n  ".join(problems))
+    _replace_arguments(func, chosen)
+    return sorted(chosen)
+
+
+def _resolve(key: str | int, names: list[set[str]]) -> int | None:
+    if isinstance(key, int):
+        return key if 0 <= key < len(names) else None
+    for i, aliases in enumerate(names):
+        if key in aliases:
+            return i
+    return None
+
+
+def _describe(names: list[set[str]]) -> str:
+    return ", ".join("/".join(sorted(a, key=len)) for a in names)
+
+
+def _replace_arguments(func: ir.Operation, chosen: Mapping[int, np.ndarray]) -> None:
+    block = func.regions[0].blocks[0]
+    first = list(block.operations)[0]
+    for index, array in chosen.items():
+        arg = block.arguments[index]
+        ty = ir.RankedTensorType(arg.type)
+        with ir.InsertionPoint(first), arg.location:
+            const = stablehlo.ConstantOp(_attr(array, ty))
+        arg.replace_all_uses_with(const.result)
+    for index in sorted(chosen, reverse=True):
+        block.erase_argument(index)
+    func_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    inputs = [t for i, t in enumerate(func_type.inputs) if i not in chosen]
+    func.attributes["function_type"] = ir.TypeAttr.get(
+        ir.FunctionType.get(inputs, list(func_type.results)))
+    if "arg_attrs" in func.attributes:
+        kept = [a for i, a in enumerate(ir.ArrayAttr(func.attributes["arg_attrs"])) if i not in chosen]
+        func.attributes["arg_attrs"] = ir.ArrayAttr.get(kept)
+
+
+def _attr(array: np.ndarray, ty: ir.RankedTensorType) -> ir.Attribute:
+    if elements.is_float(ty.element_type):
+        return elements.dense_attr(array, ty.element_type)
+    return ir.DenseElementsAttr.get(np.ascontiguousarray(array), type=ty)

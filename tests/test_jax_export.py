@@ -1,0 +1,155 @@
+"""The jax.export hook: bind parameters passed as arguments, fold, and keep a working Exported."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bnfold
+import support
+from bnfold.jax_export import fold_exported, fold_function
+
+NORM_OPS = ("stablehlo.batch_norm_inference", "stablehlo.rsqrt", "stablehlo.sqrt",
+            "stablehlo.divide", "stablehlo.subtract", "stablehlo.multiply")
+
+
+def _bn(y, p, axis):
+    shape = [1] * y.ndim
+    shape[axis] = -1
+    r = lambda v: v.reshape(shape)  # noqa: E731
+    return (y - r(p["mean"])) * jax.lax.rsqrt(r(p["var"]) + 1e-5) * r(p["gamma"]) + r(p["beta"])
+
+
+def _bn_params(rng, c):
+    return {"gamma": rng.uniform(0.5, 1.5, c).astype(np.float32),
+            "beta": rng.normal(0, 0.3, c).astype(np.float32),
+            "mean": rng.normal(0, 0.5, c).astype(np.float32),
+            "var": rng.uniform(0.5, 2.0, c).astype(np.float32)}
+
+
+def conv_bn_nhwc(params, x):
+    y = jax.lax.conv_general_dilated(x, params["conv"], (1, 1), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return jax.nn.relu(_bn(y, params["bn"], 3))
+
+
+def conv_bn_nchw(params, x):
+    y = jax.lax.conv_general_dilated(x, params["conv"], (2, 2), ((1, 1), (1, 1)),
+                                     dimension_numbers=("NCHW", "OIHW", "NCHW"))
+    return _bn(y, params["bn"], 1)
+
+
+def dense_bn(params, x):
+    return _bn(x @ params["w"] + params["b"], params["bn"], 1)
+
+
+def residual_block(params, x):
+    conv = lambda v, k: jax.lax.conv_general_dilated(  # noqa: E731
+        v, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    y = jax.nn.relu(_bn(conv(x, params["c1"]), params["bn1"], 3))
+    y = _bn(conv(y, params["c2"]), params["bn2"], 3)
+    return jax.nn.relu(x + y)
+
+
+def _models():
+    rng = np.random.default_rng(0)
+    return {
+        "conv_bn_nhwc": (conv_bn_nhwc, {"conv": rng.normal(0, .3, (3, 3, 3, 4)).astype(np.float32),
+                                        "bn": _bn_params(rng, 4)},
+                         rng.normal(size=(2, 8, 8, 3)).astype(np.float32), 1),
+        "conv_bn_nchw": (conv_bn_nchw, {"conv": rng.normal(0, .3, (6, 3, 3, 3)).astype(np.float32),
+                                        "bn": _bn_params(rng, 6)},
+                         rng.normal(size=(1, 3, 9, 9)).astype(np.float32), 1),
+        "dense_bn": (dense_bn, {"w": rng.normal(0, .3, (5, 7)).astype(np.float32),
+                                "b": rng.normal(0, .3, 7).astype(np.float32),
+                                "bn": _bn_params(rng, 7)},
+                     rng.normal(size=(3, 5)).astype(np.float32), 1),
+        "residual_block": (residual_block,
+                           {"c1": rng.normal(0, .3, (3, 3, 4, 4)).astype(np.float32),
+                            "c2": rng.normal(0, .3, (3, 3, 4, 4)).astype(np.float32),
+                            "bn1": _bn_params(rng, 4), "bn2": _bn_params(rng, 4)},
+                           rng.normal(size=(1, 6, 6, 4)).astype(np.float32), 2),
+    }
+
+
+MODELS = _models()
+
+
+def _op_names(exported) -> list[str]:
+    return support.op_names(exported.mlir_module())
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_fold_exported_end_to_end(name):
+    fn, params, x, n_bn = MODELS[name]
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    before_blob = exported.mlir_module_serialized
+    folded, report = fold_exported(exported, params, argnums=0)
+
+    assert exported.mlir_module_serialized == before_blob  # caller's Exported untouched
+    assert len(report.folds) == n_bn and not report.skipped
+    assert len(folded.in_avals) == 1 and folded.in_tree == jax.tree_util.tree_structure(((x,), {}))
+    names = _op_names(folded)
+    assert not [n for n in names if n in NORM_OPS], names
+    assert names.count("stablehlo.add") <= n_bn + (1 if name in ("dense_bn", "residual_block") else 0)
+
+    expected = np.asarray(exported.call(params, x))
+    for got in (folded.call(x), jax.jit(folded.call)(x)):
+        support.numerics.check_close([np.asarray(got)], [expected], "f32")
+
+    restored = jax.export.deserialize(folded.serialize())
+    support.numerics.check_close([np.asarray(restored.call(x))], [expected], "f32")
+
+
+def test_unused_parameters_dropped_by_export_are_handled():
+    fn, params, x, _ = MODELS["conv_bn_nhwc"]
+    params = dict(params, unused=np.zeros(3, np.float32))
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    assert len(exported.module_kept_var_idx) < len(exported.in_avals)
+    folded, report = fold_exported(exported, params)
+    assert folded.module_kept_var_idx == (0,) and len(report.folds) == 1
+    support.numerics.check_close([np.asarray(folded.call(x))],
+                                 [np.asarray(exported.call(params, x))], "f32")
+
+
+def test_binding_a_later_argument_keeps_the_first():
+    def fn(x, params):
+        return conv_bn_nhwc(params, x)
+
+    _, params, x, _ = MODELS["conv_bn_nhwc"]
+    exported = jax.export.export(jax.jit(fn))(x, params)
+    folded, report = fold_exported(exported, params, argnums=1)
+    assert len(report.folds) == 1
+    support.numerics.check_close([np.asarray(folded.call(x))],
+                                 [np.asarray(exported.call(x, params))], "f32")
+
+
+def test_errors_list_every_offender():
+    fn, params, x, _ = MODELS["conv_bn_nhwc"]
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    bad = {"conv": params["conv"][..., :2], "bn": dict(params["bn"], mean=params["bn"]["mean"].astype(np.float64))}
+    with pytest.raises(ValueError) as info:
+        fold_exported(exported, bad)
+    assert "['conv']" in str(info.value) and "['bn']['mean']" in str(info.value)
+    with pytest.raises(ValueError, match="pytree structure"):
+        fold_exported(exported, {"conv": params["conv"]})
+    with pytest.raises(ValueError, match="argnums 5 does not exist"):
+        fold_exported(exported, params, argnums=5)
+
+
+def test_fold_without_binding_folds_closed_over_params():
+    fn, params, x, _ = MODELS["conv_bn_nchw"]
+    exported = jax.export.export(jax.jit(lambda v: fn(params, v)))(x)
+    folded, report = fold_exported(exported, argnums=())
+    assert len(report.folds) == 1
+    support.numerics.check_close([np.asarray(folded.call(x))], [np.asarray(exported.call(x))], "f32")
+
+
+def test_fold_function_convenience():
+    fn, params, x, _ = MODELS["residual_block"]
+    folded = fold_function(fn, params, x)
+    assert len(folded.report.folds) == 2
+    support.numerics.check_close([np.asarray(folded(x))], [np.asarray(fn(params, x))], "f32")
+    assert isinstance(folded.report, bnfold.Report)
