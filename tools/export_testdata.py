@@ -647,7 +647,7 @@ def keras_cases() -> Iterator[Case]:
 
     def calibrate(model, bn, st, x_cal):
         """Running stats = the BN input's actual statistics, perturbed (see docstring)."""
-        probe = keras.Model(model.inputs, bn.input)
+        probe = keras.Model(model.input, bn.input)
         axes = tuple(a for a in range(len(bn.input.shape)) if a != bn.axis % len(bn.input.shape))
         act = np.asarray(probe(x_cal, training=False), dtype=np.float64)
         mean, var = act.mean(axis=axes), act.var(axis=axes)
