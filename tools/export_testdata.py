@@ -684,30 +684,34 @@ def keras_cases() -> Iterator[Case]:
         return Case(name, fw, layout, nbn, nprod, form, desc, fn, x, np_out(fn(jnp.asarray(x))),
                     rtol=5e-5 if calibrated else RTOL)
 
-    def seq(in_shape, *ls):
-        return lambda: keras.Sequential([keras.Input(in_shape[1:]), *ls])
+    def seq(in_shape, layer_list):
+        # Layers are built inside make(), after the seed is set: Keras initializers draw their
+        # seed when constructed.
+        return lambda: keras.Sequential([keras.Input(in_shape[1:]), *layer_list()])
 
-    yield make("conv_bn_nhwc", seq((1, 16, 16, 3), layers.Conv2D(8, 3, padding="same", use_bias=False),
-                                   layers.BatchNormalization()),
+    yield make("conv_bn_nhwc",
+               seq((1, 16, 16, 3), lambda: [layers.Conv2D(8, 3, padding="same", use_bias=False),
+                                            layers.BatchNormalization()]),
                (1, 16, 16, 3), "NHWC", "lower", "Conv2D 3x3 same no bias -> BatchNormalization")
-    yield make("conv_bias_bn_nhwc", seq((2, 16, 16, 3), layers.Conv2D(8, 3, padding="same"),
-                                        layers.BatchNormalization(), layers.ReLU()),
+    yield make("conv_bias_bn_nhwc",
+               seq((2, 16, 16, 3), lambda: [layers.Conv2D(8, 3, padding="same"),
+                                            layers.BatchNormalization(), layers.ReLU()]),
                (2, 16, 16, 3), "NHWC", "export", "Conv2D 3x3 same with bias -> BatchNormalization -> ReLU")
-    yield make("conv_bias_bn_nchw", seq((2, 3, 16, 16),
-                                        layers.Conv2D(8, 3, padding="same", data_format="channels_first"),
-                                        layers.BatchNormalization(axis=1)),
-               (2, 3, 16, 16), "NCHW", "lower",
-               "Conv2D channels_first with bias -> BatchNormalization(axis=1)")
-    yield make("depthwise_bn_nhwc", seq((1, 16, 16, 8),
-                                        layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2),
-                                        layers.BatchNormalization(), layers.ReLU(6.0)),
+    yield make("conv_bias_bn_nchw",
+               seq((2, 3, 16, 16), lambda: [layers.Conv2D(8, 3, padding="same", data_format="channels_first"),
+                                            layers.BatchNormalization(axis=1)]),
+               (2, 3, 16, 16), "NCHW", "lower", "Conv2D channels_first with bias -> BatchNormalization(axis=1)")
+    yield make("depthwise_bn_nhwc",
+               seq((1, 16, 16, 8), lambda: [layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2),
+                                            layers.BatchNormalization(), layers.ReLU(6.0)]),
                (1, 16, 16, 8), "NHWC", "export",
                "DepthwiseConv2D depth_multiplier=2 (8->16) with bias -> BatchNormalization -> ReLU6")
-    yield make("conv_transpose_bn_nhwc", seq((1, 8, 8, 4),
-                                             layers.Conv2DTranspose(8, 3, strides=2, padding="same"),
-                                             layers.BatchNormalization()),
+    yield make("conv_transpose_bn_nhwc",
+               seq((1, 8, 8, 4), lambda: [layers.Conv2DTranspose(8, 3, strides=2, padding="same"),
+                                          layers.BatchNormalization()]),
                (1, 8, 8, 4), "NHWC", "lower", "Conv2DTranspose 3x3 stride 2 with bias -> BatchNormalization")
-    yield make("dense_bn", seq((2, 20), layers.Dense(32), layers.BatchNormalization(), layers.ReLU()),
+    yield make("dense_bn",
+               seq((2, 20), lambda: [layers.Dense(32), layers.BatchNormalization(), layers.ReLU()]),
                (2, 20), "NC", "export", "Dense 20->32 -> BatchNormalization -> ReLU")
 
     def resnet():

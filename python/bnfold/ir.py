@@ -77,6 +77,8 @@ def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> P
     the parser's "-" file name) on any failure.
     """
     raw = data.encode() if isinstance(data, str) else data
+    if not raw.strip():
+        raise BnfoldError(f"{name}: error: input is empty")
     fmt = detect_format(raw)
     if fmt == "mlir" and b"\x00" in raw[:4096]:
         raise BnfoldError(f"{name}: error: input is neither MLIR text nor MLIR bytecode")

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from bnfold import elements
 from bnfold.cleanup import remove_dead_ops
 from bnfold.constants import Evaluator
 from bnfold.errors import BnfoldError
@@ -115,5 +116,9 @@ def _record_leftover_batch_norms(functions: Iterable[ir.Operation], state: FoldS
     for func in functions:
         func.walk(visit)
     for op in leftovers:
-        if not state.was_skipped(op):
+        if state.was_skipped(op):
+            continue
+        if any(elements.tensor_type(v) is None for v in list(op.operands) + list(op.results)):
+            state.record_skip(op, "dynamic shapes are not supported")
+        else:
             state.record_skip(op, "not folded: no foldable producer chain")

@@ -1,0 +1,20 @@
+func.func @main(%arg0: tensor<1x8x8x3xf32>, %p: tensor<i1>) -> tensor<1x8x8x4xf32> {
+  %r = "stablehlo.if"(%p) ({
+    %k = stablehlo.constant dense<0.5> : tensor<3x3x3x4xf32>
+    %s = stablehlo.constant dense<[1.0, 2.0, 3.0, 4.0]> : tensor<4xf32>
+    %0 = stablehlo.convolution(%arg0, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x8x8x3xf32>, tensor<3x3x3x4xf32>) -> tensor<1x8x8x4xf32>
+    %1 = "stablehlo.batch_norm_inference"(%0, %s, %s, %s, %s) {epsilon = 1.0e-05 : f32, feature_index = 3 : i64} : (tensor<1x8x8x4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<1x8x8x4xf32>
+    stablehlo.return %1 : tensor<1x8x8x4xf32>
+  }, {
+    %z = func.call @other(%arg0) : (tensor<1x8x8x3xf32>) -> tensor<1x8x8x4xf32>
+    stablehlo.return %z : tensor<1x8x8x4xf32>
+  }) : (tensor<i1>) -> tensor<1x8x8x4xf32>
+  return %r : tensor<1x8x8x4xf32>
+}
+func.func private @other(%arg0: tensor<1x8x8x3xf32>) -> tensor<1x8x8x4xf32> {
+  %k = stablehlo.constant dense<0.25> : tensor<3x3x3x4xf32>
+  %s = stablehlo.constant dense<[1.0, 2.0, 3.0, 4.0]> : tensor<4xf32>
+  %0 = stablehlo.convolution(%arg0, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x8x8x3xf32>, tensor<3x3x3x4xf32>) -> tensor<1x8x8x4xf32>
+  %1 = "stablehlo.batch_norm_inference"(%0, %s, %s, %s, %s) {epsilon = 1.0e-05 : f32, feature_index = 3 : i64} : (tensor<1x8x8x4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> tensor<1x8x8x4xf32>
+  return %1 : tensor<1x8x8x4xf32>
+}
