@@ -174,8 +174,6 @@ def test_output_file_is_written_and_stdout_stays_empty(cli, tmp_path):
     assert len(find_ops(module, "stablehlo.convolution")) == 1
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold bug: write_atomically renames a mkstemp file, so "
-                                       "-o/--report files are created 0600 whatever the umask")
 def test_output_file_respects_umask(cli, tmp_path):
     out = tmp_path / "folded.mlir"
     old = os.umask(0o022)
@@ -243,8 +241,6 @@ def test_target_version_without_emit_portable_is_an_error(cli, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold bug: an invalid --target-version is reported as "
-                                       "an internal error (bnfold bug + reproducer)")
 @pytest.mark.parametrize("version", ["99.0.0", "banana"])
 def test_invalid_target_version_is_a_clean_error(version, cli_tmpdir, tmp_path):
     out = tmp_path / "out.bin"
@@ -486,8 +482,6 @@ def test_module_without_stablehlo_is_unchanged(cli, tmp_path):
     assert str(parse(result.out)) == str(parse(EMPTY_FUNC))
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold bug: an unwritable --report path is reported as "
-                                       "an internal error (OSError not turned into BnfoldError)")
 @pytest.mark.parametrize("flag", ["--report", "--report-params"])
 def test_unwritable_report_is_a_clean_error(flag, cli, cli_tmpdir, tmp_path):
     result = cli(CONV_BN, flag, tmp_path / "no-such-dir" / "report")
@@ -497,9 +491,6 @@ def test_unwritable_report_is_a_clean_error(flag, cli, cli_tmpdir, tmp_path):
     assert reproducers(cli_tmpdir) == []
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold bug: the output file is written before the "
-                                       "reports, so a failing --report still leaves OUTPUT "
-                                       "(contradicting 'on failure nothing is written')")
 @pytest.mark.parametrize("flag", ["--report", "--report-params"])
 def test_unwritable_report_writes_no_output(flag, cli, tmp_path):
     out = tmp_path / "out.mlir"
@@ -508,8 +499,6 @@ def test_unwritable_report_writes_no_output(flag, cli, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold bug: a closed stdout (EPIPE, e.g. `| head`) is "
-                                       "reported as an internal error and saves a reproducer")
 def test_closed_stdout_is_not_an_internal_error(cli_tmpdir):
     read_end, write_end = os.pipe()
     os.close(read_end)
@@ -608,8 +597,6 @@ def test_internal_error_saves_a_reproducer_and_writes_nothing(cli, cli_tmpdir, t
     assert "injected failure" in (cli_tmpdir / repro / "traceback.txt").read_text()
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold bug: _save_reproducer builds the command from "
-                                       "sys.argv, not from the argv passed to main()")
 def test_internal_error_reproducer_command_uses_the_given_arguments(cli, cli_tmpdir,
                                                                     monkeypatch):
     monkeypatch.setattr("bnfold.cli.fold_module", _crash)
@@ -676,9 +663,6 @@ def test_bind_params_wrong_shape_is_an_error(cli, tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold bug: binding.argument_names reads the FILE name of "
-                                       "a file location (loc(\"-\":4:18)) as an argument name, so "
-                                       "key '-' binds %arg0")
 def test_bind_params_file_location_is_not_an_argument_name(cli, tmp_path):
     params = tmp_path / "params.npz"
     np.savez(params, **{"-": np.zeros((1, 3, 6, 6), np.float32)})  # %arg0's shape

@@ -25,7 +25,8 @@ from bnfold import elements
 from bnfold.errors import BnfoldError
 from bnfold.ir import ir, stablehlo
 
-_LOC_NAME_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"')
+# A name location: loc("name") or loc("name"(child)), not a file location loc("f":1:2).
+_LOC_NAME_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"[()]')
 
 
 def find_function(module: ir.Module, name: str) -> ir.Operation:

@@ -40,11 +40,19 @@ examples:
 """
 
 
+class _Parser(argparse.ArgumentParser):
+    """Bad options exit 1 like every other error (argparse's default is 2)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.print_usage(sys.stderr)
+        self.exit(1, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     patterns = "\n".join(
         f"  {p.name:20s} {p.description}" + (" [opt-in]" if p.name in OPT_IN else "")
         for p in PATTERNS)
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog=PROG,
         description="Fold batch normalization (batch_norm_inference and the decomposed chains "
                     "real exporters emit) into the preceding or following convolution / "
@@ -95,10 +103,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = parser.parse_args(argv)
     name = "<stdin>" if args.input == "-" else args.input
     try:
         return _run(args, name)
+    except BrokenPipeError:
+        # The reader went away (e.g. `| head`); nothing useful left to say.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the flush at exit
+        except OSError:
+            pass
+        return 1
     except BnfoldError as e:
         print(f"{PROG}: {_prefixed(str(e))}", file=sys.stderr)
         return 1
@@ -107,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     except Exception:  # noqa: BLE001 - reported with a reproducer, never a bare traceback
         print(f"{PROG}: internal error while processing {name}; no output written.\n"
-              f"{_save_reproducer(args, traceback.format_exc())}", file=sys.stderr)
+              f"{_save_reproducer(args, argv, traceback.format_exc())}", file=sys.stderr)
         return 1
 
 
@@ -172,11 +188,7 @@ def _run(args: argparse.Namespace, name: str) -> int:
         print("\n".join(errors), file=sys.stderr)
         return 1
     out = b"// -----\n".join(outputs) if args.split_input_file else outputs[0]
-    _write(args.output, out)
-    if args.report:
-        bir.write_atomically(args.report, report.dumps().encode())
-    if args.report_params:
-        report.save_params(args.report_params)
+    _write_all(args, out, report)
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"{PROG}: {name}: {report.summary()} in {elapsed:.2f} s", file=sys.stderr)
@@ -194,17 +206,28 @@ def _split(data: bytes) -> list[bytes]:
     return chunks
 
 
-def _write(path: str, data: bytes) -> None:
-    from bnfold.ir import write_atomically
+def _write_all(args: argparse.Namespace, out: bytes, report: Report) -> None:
+    """Writes the output and the reports together: all of them or none."""
+    from bnfold import ir as bir
 
-    if path == "-":
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
-        return
+    files = []
+    if args.output != "-":
+        files.append((args.output, out))
+    if args.report:
+        files.append((args.report, report.dumps().encode()))
+    if args.report_params:
+        files.append((args.report_params, report.params_npz()))
+    staged: list[bir.Staged] = []
     try:
-        write_atomically(path, data)
+        for path, data in files:
+            staged.append(bir.stage(path, data))
     except OSError as e:
+        bir.discard_all(staged)
         raise BnfoldError(f"error: cannot write '{path}': {e.strerror}") from None
+    bir.commit_all(staged)
+    if args.output == "-":
+        sys.stdout.buffer.write(out)
+        sys.stdout.buffer.flush()
 
 
 def _load_params(path: str) -> dict[str, object]:
@@ -217,7 +240,7 @@ def _load_params(path: str) -> dict[str, object]:
         raise BnfoldError(f"error: cannot read parameters '{path}': {e}") from None
 
 
-def _save_reproducer(args: argparse.Namespace, trace: str) -> str:
+def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:
     """torch-mlir style: keep the input and the traceback, print the exact command."""
     directory = tempfile.mkdtemp(prefix="bnfold-repro-")
     source = os.path.join(directory, "input")
@@ -226,7 +249,7 @@ def _save_reproducer(args: argparse.Namespace, trace: str) -> str:
             dst.write(src.read())
     with open(os.path.join(directory, "traceback.txt"), "w") as f:
         f.write(trace)
-    flags = [a for a in sys.argv[1:] if a != args.input]
+    flags = [a for a in argv if a != args.input]
     return (f"Saved a reproducer in {directory} (input and traceback.txt). Reproduce with:\n"
             f"  {PROG} {source} {' '.join(flags)}\n"
             f"Please file it with the traceback: this is a bnfold bug.")

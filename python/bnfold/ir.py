@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,8 +103,13 @@ def serialize(module: ir.Module, fmt: Format, *, target_version: str | None = No
     """The module as text, bytecode or a portable artifact."""
     if fmt == "portable":
         target = target_version or stablehlo.get_current_version()
+        check_target_version(target)
         # Shardy (sdy) ops and attributes ride along, as jax.export does.
-        return stablehlo.serialize_portable_artifact(module, target, True)
+        try:
+            return stablehlo.serialize_portable_artifact(module, target, True)
+        except (ir.MLIRError, RuntimeError, ValueError) as e:
+            raise BnfoldError(f"error: cannot serialize a portable artifact for StableHLO "
+                              f"{target}: {e}") from None
     buf = io.BytesIO()
     if fmt == "bytecode":
         module.operation.write_bytecode(buf)
@@ -113,21 +119,60 @@ def serialize(module: ir.Module, fmt: Format, *, target_version: str | None = No
     return buf.getvalue()
 
 
+def check_target_version(version: str) -> None:
+    """A StableHLO version this jaxlib can write: minimum <= version <= current."""
+    def key(v: str) -> tuple[int, ...]:
+        return tuple(int(p) for p in v.split("."))
+
+    low, high = stablehlo.get_minimum_version(), stablehlo.get_current_version()
+    if not re.fullmatch(r"\d+\.\d+\.\d+", version) or not key(low) <= key(version) <= key(high):
+        raise BnfoldError(f"error: invalid --target-version '{version}': expected a StableHLO "
+                          f"version between {low} and {high}")
+
+
 def write_atomically(path: str, data: bytes) -> None:
     """Writes `data` to `path` through a temporary file and a rename.
 
     A crash or error never leaves a partial file behind at `path`.
     """
+    commit_all([stage(path, data)])
+
+
+@dataclass
+class Staged:
+    """A fully written temporary file waiting to be renamed onto `path`."""
+
+    path: str
+    tmp: str
+
+
+def stage(path: str, data: bytes) -> Staged:
+    """Writes `data` next to `path` (same file system, so the rename is atomic)."""
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".bnfold-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
+        # mkstemp creates 0600 files; give the result the mode a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
     except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        os.unlink(tmp)
         raise
+    return Staged(path, tmp)
+
+
+def commit_all(staged: Sequence[Staged]) -> None:
+    """Renames every staged file into place."""
+    for s in staged:
+        os.replace(s.tmp, s.path)
+
+
+def discard_all(staged: Sequence[Staged]) -> None:
+    for s in staged:
+        if os.path.exists(s.tmp):
+            os.unlink(s.tmp)
 
 
 def format_location(loc: ir.Location, name: str | None = None) -> str:

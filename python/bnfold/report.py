@@ -83,12 +83,15 @@ class Report:
         """Flat `{"fold0/gamma": array, ...}` for every fold."""
         return {f"{fold.id}/{k}": v for fold in self.folds for k, v in fold.params.items()}
 
-    def save_params(self, path: str) -> None:
+    def params_npz(self) -> bytes:
         import io
-        from bnfold.ir import write_atomically
         buf = io.BytesIO()
         np.savez(buf, **self.params())
-        write_atomically(path, buf.getvalue())
+        return buf.getvalue()
+
+    def save_params(self, path: str) -> None:
+        from bnfold.ir import write_atomically
+        write_atomically(path, self.params_npz())
 
     def summary(self) -> str:
         by_form: dict[str, int] = {}
