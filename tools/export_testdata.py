@@ -291,7 +291,7 @@ def flax_linen_cases() -> Iterator[Case]:
             x = jnp.mean(x, axis=(1, 2))
             return nn.Dense(10)(x)
 
-    def make(name, module, in_shape, layout, form, desc):
+    def make(name, module, in_shape, layout, form, desc, numpy_params=False):
         st = Stats(f"{fw}/{name}")
         x = st.input(in_shape)
         variables = module.init(jax.random.PRNGKey(zlib.crc32(name.encode()) & 0xFFFF), x)
@@ -314,13 +314,16 @@ def flax_linen_cases() -> Iterator[Case]:
             "params": traverse_util.unflatten_dict(params),
             "batch_stats": traverse_util.unflatten_dict(stats),
         }
+        if not numpy_params:  # what model.init hands a user; numpy values reshape eagerly
+            variables = jax.tree_util.tree_map(jnp.asarray, variables)
         fn = lambda x: module.apply(variables, x)  # noqa: E731
         return Case(name, fw, layout, len(bn_paths), producers, form, desc, fn, x, np_out(fn(x)))
 
     yield make("conv_bn_nhwc", ConvBN(use_bias=False), (2, 16, 16, 3), "NHWC", "lower",
                "nn.Conv 3x3 SAME no bias -> nn.BatchNorm")
     yield make("conv_bias_bn_nhwc", ConvBN(use_bias=True), (1, 16, 16, 3), "NHWC", "export",
-               "nn.Conv 3x3 SAME with bias -> nn.BatchNorm")
+               "nn.Conv 3x3 SAME with bias -> nn.BatchNorm; params closed over as numpy arrays, so "
+               "gamma/beta arrive as 1x1x1xC constants (no reshape op)", numpy_params=True)
     yield make("conv_bn_nchw", ConvBN(use_bias=True, nchw=True), (2, 3, 16, 16), "NCHW", "lower",
                "lax.conv_general_dilated NCHW/OIHW with bias -> nn.BatchNorm(axis=1)")
     yield make("depthwise_bn_nhwc", ConvBN(features=16, groups=8, eps=1e-3), (1, 16, 16, 8), "NHWC",
@@ -427,6 +430,7 @@ def flax_nnx_cases() -> Iterator[Case]:
 def haiku_cases() -> Iterator[Case]:
     import haiku as hk
     import jax
+    import jax.numpy as jnp
 
     fw = "haiku"
 
@@ -461,7 +465,7 @@ def haiku_cases() -> Iterator[Case]:
         )
         return net(x, is_training=is_training)
 
-    def make(name, body, in_shape, layout, form, desc):
+    def make(name, body, in_shape, layout, form, desc, numpy_params=False):
         st = Stats(f"{fw}/{name}")
         x = st.input(in_shape)
         f = hk.transform_with_state(body)
@@ -483,6 +487,8 @@ def haiku_cases() -> Iterator[Case]:
                 nprod += 1
                 if "b" in p:
                     p["b"] = st.bias(p["b"].shape)
+        if not numpy_params:  # what f.init hands a user; numpy values reshape eagerly
+            params, state = jax.tree_util.tree_map(jnp.asarray, (params, state))
         fn = lambda x: f.apply(params, state, None, x, False)[0]  # noqa: E731
         return Case(name, fw, layout, len(bn_modules), nprod, form, desc, fn, x, np_out(fn(x)))
 
@@ -491,7 +497,9 @@ def haiku_cases() -> Iterator[Case]:
     yield make("conv_bias_bn_nhwc", lambda x, t: conv_bn(x, t, with_bias=True), (2, 16, 16, 3), "NHWC", "export",
                "hk.Conv2D 3x3 SAME with bias -> hk.BatchNorm")
     yield make("conv_bn_nchw", conv_bn_nchw, (2, 3, 16, 16), "NCHW", "export",
-               "hk.Conv2D data_format=NCHW with bias -> hk.BatchNorm(data_format=channels_first)")
+               "hk.Conv2D data_format=NCHW (kernel stays HWIO) with bias -> "
+               "hk.BatchNorm(data_format=channels_first); params closed over as numpy arrays",
+               numpy_params=True)
     yield make("depthwise_bn_nhwc", depthwise_bn, (1, 16, 16, 8), "NHWC", "lower",
                "hk.DepthwiseConv2D channel_multiplier=2 (8->16) -> hk.BatchNorm eps=1e-3")
     yield make("dense_bn", dense_bn, (2, 20), "NC", "lower", "hk.Linear 20->32 -> hk.BatchNorm -> relu")

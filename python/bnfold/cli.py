@@ -8,13 +8,16 @@ output file: output goes through a temporary file and a rename.
 from __future__ import annotations
 
 import argparse
+import functools
+import io
 import os
 import re
 import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import BinaryIO
 
 from bnfold import __version__
 from bnfold.errors import BnfoldError
@@ -158,41 +161,61 @@ def _run(args: argparse.Namespace, name: str) -> int:
         raise BnfoldError("error: --split-input-file works with --emit mlir only")
     if args.target_version and args.emit != "portable":
         raise BnfoldError("error: --target-version needs --emit portable")
+    if args.target_version:
+        bir.check_target_version(args.target_version)
     bound = _load_params(args.bind_params) if args.bind_params else None
-    data = _read(args.input)
-    if not data.strip():
-        raise BnfoldError(f"{name}: error: input is empty")
     start = time.perf_counter()
     report = Report()
     if args.split_input_file:
-        chunks = _split(data)
+        outputs = [_process(args, options, name, bound, report, data=chunk)
+                   for chunk in _split(_read(args.input))]
+        modules = [m for m in outputs if m is not None]
+        if len(modules) != len(outputs):
+            return 1
+        out: bytes | Callable[[BinaryIO], None] = b"// -----\n".join(
+            bir.serialize(m, "mlir", debug_info=args.print_debuginfo) for m in modules)
     else:
-        chunks = [data]
-    outputs: list[bytes] = []
-    errors: list[str] = []
-    for chunk in chunks:
-        context = bir.make_context()
-        try:
-            parsed = bir.parse(chunk, context, name=name)
-            with context, bir.ir.Location.unknown():
-                if bound is not None:
-                    from bnfold.binding import bind_arguments
-                    bind_arguments(parsed.module, bound, function=args.bind_func, source_name=name)
-                report.merge(fold_module(parsed.module, options, source_name=name))
-                outputs.append(bir.serialize(parsed.module, args.emit,
-                                             target_version=args.target_version,
-                                             debug_info=args.print_debuginfo))
-        except BnfoldError as e:
-            errors.append(_prefixed(str(e)))
-    if errors:
-        print("\n".join(errors), file=sys.stderr)
-        return 1
-    out = b"// -----\n".join(outputs) if args.split_input_file else outputs[0]
+        if args.input == "-":
+            module = _process(args, options, name, bound, report, data=_read("-"))
+        else:
+            if not os.path.exists(args.input):
+                _read(args.input)  # raises the "cannot read" error
+            module = _process(args, options, name, bound, report, path=args.input)
+        if module is None:
+            return 1
+        out = functools.partial(bir.write, module, args.emit, target_version=args.target_version,
+                                debug_info=args.print_debuginfo)
     _write_all(args, out, report)
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"{PROG}: {name}: {report.summary()} in {elapsed:.2f} s", file=sys.stderr)
     return 0
+
+
+def _process(args: argparse.Namespace, options: FoldOptions, name: str,
+             bound: dict[str, object] | None,
+             report: Report, *, data: bytes | None = None, path: str | None = None):
+    """Parses, binds and folds one module; prints errors and returns None on failure."""
+    from bnfold import ir as bir
+
+    context = bir.make_context()
+    try:
+        parsed = (bir.parse(data, context, name=name) if path is None
+                  else bir.parse_path(path, context, name=name))
+        with context, bir.ir.Location.unknown():
+            if bound is not None:
+                from bnfold.binding import bind_arguments
+                bind_arguments(parsed.module, bound, function=args.bind_func, source_name=name)
+            report.merge(fold_module(parsed.module, options, source_name=name))
+        # Keep the context alive with the module (it owns every op and attribute).
+        _CONTEXTS.append(context)
+        return parsed.module
+    except BnfoldError as e:
+        print(_prefixed(str(e)), file=sys.stderr)
+        return None
+
+
+_CONTEXTS: list[object] = []
 
 
 def _split(data: bytes) -> list[bytes]:
@@ -206,11 +229,12 @@ def _split(data: bytes) -> list[bytes]:
     return chunks
 
 
-def _write_all(args: argparse.Namespace, out: bytes, report: Report) -> None:
+def _write_all(args: argparse.Namespace, out: bytes | Callable[[BinaryIO], None],
+               report: Report) -> None:
     """Writes the output and the reports together: all of them or none."""
     from bnfold import ir as bir
 
-    files = []
+    files: list[tuple[str, bytes | Callable[[BinaryIO], None]]] = []
     if args.output != "-":
         files.append((args.output, out))
     if args.report:
@@ -224,10 +248,22 @@ def _write_all(args: argparse.Namespace, out: bytes, report: Report) -> None:
     except OSError as e:
         bir.discard_all(staged)
         raise BnfoldError(f"error: cannot write '{path}': {e.strerror}") from None
-    bir.commit_all(staged)
+    except BaseException:
+        bir.discard_all(staged)
+        raise
     if args.output == "-":
-        sys.stdout.buffer.write(out)
-        sys.stdout.buffer.flush()
+        # stdout cannot be staged: produce everything first, then copy it out.
+        if callable(out):
+            buffer = io.BytesIO()
+            out(buffer)
+            out = buffer.getvalue()
+        try:
+            sys.stdout.buffer.write(out)
+            sys.stdout.buffer.flush()
+        except BaseException:
+            bir.discard_all(staged)
+            raise
+    bir.commit_all(staged)
 
 
 def _load_params(path: str) -> dict[str, object]:

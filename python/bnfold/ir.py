@@ -11,9 +11,9 @@ import io
 import os
 import re
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import BinaryIO, Literal
 
 from jaxlib.mlir import ir
 from jaxlib.mlir.dialects import chlo, func, mhlo, sdy, stablehlo
@@ -98,6 +98,37 @@ def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> P
     return Parsed(module, fmt)
 
 
+def parse_path(path: str, context: ir.Context, *, name: str | None = None) -> Parsed:
+    """Like `parse`, but lets MLIR read the file itself (no copy of it in Python)."""
+    name = name or path
+    with open(path, "rb") as f:
+        head = f.read(4096)
+    fmt = detect_format(head)
+    if fmt == "portable" or not head.strip() or (fmt == "mlir" and b"\x00" in head):
+        with open(path, "rb") as f:
+            return parse(f.read(), context, name=name)
+    try:
+        with context:
+            module = ir.Module.parseFile(path)
+    except ir.MLIRError as e:
+        raise BnfoldError(format_diagnostics(e, name)) from None
+    except (RuntimeError, ValueError) as e:
+        raise BnfoldError(f"{name}: error: cannot read input: {e}") from None
+    return Parsed(module, fmt)
+
+
+def write(module: ir.Module, fmt: Format, file: BinaryIO, *, target_version: str | None = None,
+          debug_info: bool = False) -> None:
+    """Streams the module to a binary file object (no full copy in Python for text)."""
+    if fmt == "portable":
+        file.write(serialize(module, fmt, target_version=target_version))
+    elif fmt == "bytecode":
+        module.operation.write_bytecode(file)
+    else:
+        module.operation.print(file=file, binary=True, enable_debug_info=debug_info,
+                               assume_verified=True)
+
+
 def serialize(module: ir.Module, fmt: Format, *, target_version: str | None = None,
               debug_info: bool = False) -> bytes:
     """The module as text, bytecode or a portable artifact."""
@@ -146,13 +177,19 @@ class Staged:
     tmp: str
 
 
-def stage(path: str, data: bytes) -> Staged:
-    """Writes `data` next to `path` (same file system, so the rename is atomic)."""
+def stage(path: str, data: bytes | Callable[[BinaryIO], None]) -> Staged:
+    """Writes `data` (bytes, or a function writing to a file) next to `path`.
+
+    Same directory, so the later rename is atomic.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=".bnfold-", dir=directory)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
         # mkstemp creates 0600 files; give the result the mode a plain open() would.
         umask = os.umask(0)
         os.umask(umask)

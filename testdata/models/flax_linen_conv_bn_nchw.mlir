@@ -2,14 +2,14 @@ module @jit__lambda attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas
   func.func public @main(%arg0: tensor<2x3x16x16xf32>) -> (tensor<2x8x16x16xf32> {jax.result_info = "result"}) {
     %cst = stablehlo.constant dense<"0xBE8591BDEEB620BE2A9FCB3D6EF33B3EA61BFCBD2C77B53EF69C32BD159214BEA65848BEEC8ABCBD24A0C2BE2331A63D6846F2BD479544BD816029BE64F28D3E4116A9BEB8D648BCBAA78A3E2D01A2BD72AB7F3ED07A81BE37BAF43DC8438A3EB7DF0C3E12D6893D6D3FAFBD58F8C53E5B572C3E2398A1BEB8D406BD747A923D2B3534BE2345B1BDB6FE2D3E250401BE1EF1A33CB1361A3EF9318A3D00F20DBEB6CE813C1A5F463E15B284BE660CCBBCA8E4C0BD66DEADBE9F6A243E98F6453ED212F1BBB4570E3E1732D0BCF6D229BE1012FF3D9552D43E76B7153E45C3003EBE2C993E2C5935BE0E0037BEDE6BC6BD2F0349BEFB954B3DA93734BD13D38EBE5DF8CD3E07FB9EBC75A3413E38818D3EC93F04BE13B5A5BEC0DC593EF7F9AEBEF6DB85BE67BDDEBD097E2ABC86800D3E18E6353E0BF2CABD0C45AB3E4521AFBD9DB9A83DD8552CBE91A53D3EAABF84BE858518BDFAA3043E2CBAFE3D257F12BECA608B3E347728BEB491603E91A6AB3C9DFDB83DBD3508BE87D212BE8201273EF400B8BDA55812BE1A1E063E691ABEBD80B7833A17BDD53EDF2D52BEEFD4113D576D943E961F66BEF45207BE231EC0BD4B04FE3D95AF2ABE4A8D4F3E7BC1913DB74012BEC9B4553D0702AA3D29E6963EA706903E316959BE4975C6BD97DC8BBE3F0DCD3E11B6B03E65C88FBCA33471BEB03E18BDD8C62CBEE019ABBD8B68A7BDC6D39D3D913E8EBD314CBCBC77B8CE3A26A49EBE53EE8E3E4D56DEBD546F84BC8DAACB3D2767503D487B5F3DD02B873D4E135EBEE8D13FBE565BE5BB24AFE03BC081853EB0FCAFBDDBCEF03C0F5B61BDCB93ECBDDCAF89BD7C91BD3D339FB33E917B553D6D42883E32D6883DE3486ABEB621B7BE71C7BA3DA135813DD87ED03ED1A8B2BE6FABE63D2B2E94BDC7BB813E6560643D779A673E410095BECED1C9BBABD0E43C36783EBC479B733EABED853E55379ABDD9236BBE0D2DBA3E3101803EC3F3B93ED2B767BE2BCF993EBE4B06BE5F87F9BD761462BDC88A7BBC05B3B6BED9103EBE8C24E03DA2D351BED528E73DD009C1BDF9715E3E05D280BD72B9EE3DCA359C3D56D93F3E80188FBDFBA51B3E1C3B513E57A2043ECEA2523E1689823DCA2BBFBEEB176D3D7157C6BD5E8089BEF73FED3D2F47D93DC78CFA3D788ED93DBDA78B3E864F3C3E1F904EBE81A827BE0A1A19BED412443EF6CC7CBEB62609BD"> : tensor<8x3x3x3xf32>
     %cst_0 = stablehlo.constant dense<[0.033234328, -0.0445019603, 0.0738549158, 0.0142435683, 0.11113584, -0.166248918, 0.157441467, -0.0784743502]> : tensor<8xf32>
-    %0 = stablehlo.broadcast_in_dim %cst_0, dims = [1] : (tensor<8xf32>) -> tensor<1x8x1x1xf32>
     %cst_1 = stablehlo.constant dense<[0.260710418, -1.64098334, -0.294722527, -0.867511272, 0.434026212, -0.142930835, 0.26888898, 0.514786065]> : tensor<8xf32>
     %cst_2 = stablehlo.constant dense<[0.82069689, 1.09910119, 0.779536902, 1.39998984, 1.82757401, 1.69827366, 1.45956874, 0.93197143]> : tensor<8xf32>
-    %cst_3 = stablehlo.constant dense<[[[[1.04318798]], [[1.35388899]], [[1.34995735]], [[0.771309375]], [[1.09531522]], [[0.66451317]], [[1.2170378]], [[1.45436943]]]]> : tensor<1x8x1x1xf32>
-    %cst_4 = stablehlo.constant dense<[[[[-0.0368601345]], [[-0.11635495]], [[0.279294312]], [[0.770210505]], [[0.0109813698]], [[-0.486529797]], [[-0.255854696]], [[0.144121692]]]]> : tensor<1x8x1x1xf32>
-    %1 = stablehlo.convolution(%arg0, %cst) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {stride = [1, 1], pad = [[1, 1], [1, 1]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64, precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]} : (tensor<2x3x16x16xf32>, tensor<8x3x3x3xf32>) -> tensor<2x8x16x16xf32>
-    %2 = stablehlo.broadcast_in_dim %0, dims = [0, 1, 2, 3] : (tensor<1x8x1x1xf32>) -> tensor<2x8x16x16xf32>
-    %3 = stablehlo.add %1, %2 : tensor<2x8x16x16xf32>
+    %cst_3 = stablehlo.constant dense<[1.04318798, 1.35388899, 1.34995735, 0.771309375, 1.09531522, 0.66451317, 1.2170378, 1.45436943]> : tensor<8xf32>
+    %cst_4 = stablehlo.constant dense<[-0.0368601345, -0.11635495, 0.279294312, 0.770210505, 0.0109813698, -0.486529797, -0.255854696, 0.144121692]> : tensor<8xf32>
+    %0 = stablehlo.convolution(%arg0, %cst) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {stride = [1, 1], pad = [[1, 1], [1, 1]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64, precision_config = [#stablehlo<precision DEFAULT>, #stablehlo<precision DEFAULT>]} : (tensor<2x3x16x16xf32>, tensor<8x3x3x3xf32>) -> tensor<2x8x16x16xf32>
+    %1 = stablehlo.broadcast_in_dim %cst_0, dims = [1] : (tensor<8xf32>) -> tensor<1x8x1x1xf32>
+    %2 = stablehlo.broadcast_in_dim %1, dims = [0, 1, 2, 3] : (tensor<1x8x1x1xf32>) -> tensor<2x8x16x16xf32>
+    %3 = stablehlo.add %0, %2 : tensor<2x8x16x16xf32>
     %4 = stablehlo.broadcast_in_dim %cst_1, dims = [1] : (tensor<8xf32>) -> tensor<1x8x1x1xf32>
     %5 = stablehlo.broadcast_in_dim %cst_2, dims = [1] : (tensor<8xf32>) -> tensor<1x8x1x1xf32>
     %6 = stablehlo.broadcast_in_dim %4, dims = [0, 1, 2, 3] : (tensor<1x8x1x1xf32>) -> tensor<2x8x16x16xf32>
@@ -18,11 +18,13 @@ module @jit__lambda attributes {mhlo.num_partitions = 1 : i32, mhlo.num_replicas
     %8 = stablehlo.broadcast_in_dim %cst_5, dims = [] : (tensor<f32>) -> tensor<1x8x1x1xf32>
     %9 = stablehlo.add %5, %8 : tensor<1x8x1x1xf32>
     %10 = stablehlo.rsqrt %9 : tensor<1x8x1x1xf32>
-    %11 = stablehlo.multiply %10, %cst_3 : tensor<1x8x1x1xf32>
-    %12 = stablehlo.broadcast_in_dim %11, dims = [0, 1, 2, 3] : (tensor<1x8x1x1xf32>) -> tensor<2x8x16x16xf32>
-    %13 = stablehlo.multiply %7, %12 : tensor<2x8x16x16xf32>
-    %14 = stablehlo.broadcast_in_dim %cst_4, dims = [0, 1, 2, 3] : (tensor<1x8x1x1xf32>) -> tensor<2x8x16x16xf32>
-    %15 = stablehlo.add %13, %14 : tensor<2x8x16x16xf32>
-    return %15 : tensor<2x8x16x16xf32>
+    %11 = stablehlo.reshape %cst_3 : (tensor<8xf32>) -> tensor<1x8x1x1xf32>
+    %12 = stablehlo.multiply %10, %11 : tensor<1x8x1x1xf32>
+    %13 = stablehlo.broadcast_in_dim %12, dims = [0, 1, 2, 3] : (tensor<1x8x1x1xf32>) -> tensor<2x8x16x16xf32>
+    %14 = stablehlo.multiply %7, %13 : tensor<2x8x16x16xf32>
+    %15 = stablehlo.reshape %cst_4 : (tensor<8xf32>) -> tensor<1x8x1x1xf32>
+    %16 = stablehlo.broadcast_in_dim %15, dims = [0, 1, 2, 3] : (tensor<1x8x1x1xf32>) -> tensor<2x8x16x16xf32>
+    %17 = stablehlo.add %14, %16 : tensor<2x8x16x16xf32>
+    return %17 : tensor<2x8x16x16xf32>
   }
 }
