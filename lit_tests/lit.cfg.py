@@ -16,7 +16,7 @@ config.substitutions.append(("%PYTHON", python))
 # Run the tool through the interpreter so tests do not depend on entry points.
 config.substitutions.append(("%bnfold-opt", f"{python} -m bnfold -q"))
 # pip's filecheck ignores FILECHECK_OPTS; pass flags here.
-config.substitutions.append(("%filecheck", "filecheck --dump-input-context=20"))
+config.substitutions.append(("%filecheck", "filecheck"))
 config.substitutions.append(("%testdata", shlex.quote(
     os.path.join(os.path.dirname(os.path.dirname(__file__)), "testdata"))))
 config.environment["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")

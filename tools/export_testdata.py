@@ -67,7 +67,7 @@ torchax also looks up lazily, so the shim stays installed in this process). Name
 are never used here, and every lookup that succeeds is untouched.
 If torchax or torch is not installed the torchax models are skipped with a message.
 
-Run time on 2 CPU cores: about 1-2 minutes for everything (most of it imports, MobileNetV2
+Run time on 2 CPU cores: about 50 s for everything (most of it imports, MobileNetV2
 and verification).
 """
 
@@ -80,13 +80,14 @@ import os
 import sys
 import time
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 os.environ["KERAS_BACKEND"] = "jax"  # must precede any keras import
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-import numpy as np  # noqa: E402
+import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "testdata" / "models"
@@ -228,9 +229,7 @@ def flax_linen_cases() -> Iterator[Case]:
         def __call__(self, x):
             init = nn.initializers.lecun_normal(in_axis=1, out_axis=0)
             k = self.param("kernel", init, (self.features, x.shape[1], 3, 3))
-            y = jax.lax.conv_general_dilated(
-                x, k, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW")
-            )
+            y = jax.lax.conv_general_dilated(x, k, (1, 1), "SAME", dimension_numbers=("NCHW", "OIHW", "NCHW"))
             if self.use_bias:
                 y = y + self.param("bias", nn.initializers.zeros, (self.features,))[None, :, None, None]
             return y
@@ -247,8 +246,9 @@ def flax_linen_cases() -> Iterator[Case]:
             if self.nchw:
                 x = ConvNCHW(self.features, self.use_bias)(x)
                 return nn.BatchNorm(use_running_average=True, axis=1, epsilon=self.eps)(x)
-            x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.use_bias,
-                        feature_group_count=self.groups)(x)
+            x = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=self.use_bias, feature_group_count=self.groups)(
+                x
+            )
             return nn.BatchNorm(use_running_average=True, epsilon=self.eps)(x)
 
     class DenseBN(nn.Module):
@@ -270,7 +270,7 @@ def flax_linen_cases() -> Iterator[Case]:
 
         @nn.compact
         def __call__(self, x):
-            bn = lambda: nn.BatchNorm(use_running_average=True, epsilon=1.001e-5)  # noqa: E731
+            bn = lambda: nn.BatchNorm(use_running_average=True, epsilon=1.001e-5)
             y = nn.Conv(self.features, (3, 3), (self.strides,) * 2, padding="SAME", use_bias=False)(x)
             y = nn.relu(bn()(y))
             y = nn.Conv(self.features, (3, 3), padding="SAME", use_bias=False)(y)
@@ -316,23 +316,60 @@ def flax_linen_cases() -> Iterator[Case]:
         }
         if not numpy_params:  # what model.init hands a user; numpy values reshape eagerly
             variables = jax.tree_util.tree_map(jnp.asarray, variables)
-        fn = lambda x: module.apply(variables, x)  # noqa: E731
+        fn = lambda x: module.apply(variables, x)
         return Case(name, fw, layout, len(bn_paths), producers, form, desc, fn, x, np_out(fn(x)))
 
-    yield make("conv_bn_nhwc", ConvBN(use_bias=False), (2, 16, 16, 3), "NHWC", "lower",
-               "nn.Conv 3x3 SAME no bias -> nn.BatchNorm")
-    yield make("conv_bias_bn_nhwc", ConvBN(use_bias=True), (1, 16, 16, 3), "NHWC", "export",
-               "nn.Conv 3x3 SAME with bias -> nn.BatchNorm; params closed over as numpy arrays, so "
-               "gamma/beta arrive as 1x1x1xC constants (no reshape op)", numpy_params=True)
-    yield make("conv_bn_nchw", ConvBN(use_bias=True, nchw=True), (2, 3, 16, 16), "NCHW", "lower",
-               "lax.conv_general_dilated NCHW/OIHW with bias -> nn.BatchNorm(axis=1)")
-    yield make("depthwise_bn_nhwc", ConvBN(features=16, groups=8, eps=1e-3), (1, 16, 16, 8), "NHWC",
-               "export", "nn.Conv feature_group_count=8, 8->16 (multiplier 2) -> nn.BatchNorm eps=1e-3")
+    yield make(
+        "conv_bn_nhwc",
+        ConvBN(use_bias=False),
+        (2, 16, 16, 3),
+        "NHWC",
+        "lower",
+        "nn.Conv 3x3 SAME no bias -> nn.BatchNorm",
+    )
+    yield make(
+        "conv_bias_bn_nhwc",
+        ConvBN(use_bias=True),
+        (1, 16, 16, 3),
+        "NHWC",
+        "export",
+        "nn.Conv 3x3 SAME with bias -> nn.BatchNorm; params closed over as numpy arrays, so "
+        "gamma/beta arrive as 1x1x1xC constants (no reshape op)",
+        numpy_params=True,
+    )
+    yield make(
+        "conv_bn_nchw",
+        ConvBN(use_bias=True, nchw=True),
+        (2, 3, 16, 16),
+        "NCHW",
+        "lower",
+        "lax.conv_general_dilated NCHW/OIHW with bias -> nn.BatchNorm(axis=1)",
+    )
+    yield make(
+        "depthwise_bn_nhwc",
+        ConvBN(features=16, groups=8, eps=1e-3),
+        (1, 16, 16, 8),
+        "NHWC",
+        "export",
+        "nn.Conv feature_group_count=8, 8->16 (multiplier 2) -> nn.BatchNorm eps=1e-3",
+    )
     yield make("dense_bn", DenseBN(), (2, 20), "NC", "lower", "nn.Dense 20->32 -> nn.BatchNorm -> relu")
-    yield make("conv_transpose_bn_nhwc", ConvTransposeBN(), (1, 8, 8, 4), "NHWC", "lower",
-               "nn.ConvTranspose 3x3 stride 2 SAME no bias -> nn.BatchNorm")
-    yield make("resnet_nhwc", ResNet(), (2, 16, 16, 3), "NHWC", "export",
-               "stem conv-BN-relu + 3 basic blocks (one strided with 1x1 projection+BN) + mean + Dense")
+    yield make(
+        "conv_transpose_bn_nhwc",
+        ConvTransposeBN(),
+        (1, 8, 8, 4),
+        "NHWC",
+        "lower",
+        "nn.ConvTranspose 3x3 stride 2 SAME no bias -> nn.BatchNorm",
+    )
+    yield make(
+        "resnet_nhwc",
+        ResNet(),
+        (2, 16, 16, 3),
+        "NHWC",
+        "export",
+        "stem conv-BN-relu + 3 basic blocks (one strided with 1x1 projection+BN) + mean + Dense",
+    )
 
 
 # --------------------------------------------------------------------------- flax nnx
@@ -346,8 +383,9 @@ def flax_nnx_cases() -> Iterator[Case]:
 
     class ConvBN(nnx.Module):
         def __init__(self, cin, cout, *, use_bias, groups=1, rngs):
-            self.conv = nnx.Conv(cin, cout, (3, 3), padding="SAME", use_bias=use_bias,
-                                 feature_group_count=groups, rngs=rngs)
+            self.conv = nnx.Conv(
+                cin, cout, (3, 3), padding="SAME", use_bias=use_bias, feature_group_count=groups, rngs=rngs
+            )
             self.bn = nnx.BatchNorm(cout, use_running_average=True, rngs=rngs)
 
         def __call__(self, x):
@@ -409,19 +447,44 @@ def flax_nnx_cases() -> Iterator[Case]:
                 if m.bias is not None:
                     m.bias[...] = jnp.asarray(st.bias(m.bias[...].shape))
         x = st.input(in_shape)
-        fn = lambda x: model(x)  # noqa: E731
+        fn = lambda x: model(x)
         return Case(name, fw, layout, nbn, nprod, form, desc, fn, x, np_out(fn(x)))
 
-    yield make("conv_bn_nhwc", lambda r: ConvBN(3, 8, use_bias=False, rngs=r), (1, 16, 16, 3), "NHWC",
-               "export", "nnx.Conv 3x3 SAME no bias -> nnx.BatchNorm")
-    yield make("conv_bias_bn_nhwc", lambda r: ConvBN(3, 8, use_bias=True, rngs=r), (2, 16, 16, 3), "NHWC",
-               "lower", "nnx.Conv 3x3 SAME with bias -> nnx.BatchNorm")
-    yield make("depthwise_bn_nhwc", lambda r: ConvBN(8, 16, use_bias=True, groups=8, rngs=r), (1, 16, 16, 8),
-               "NHWC", "lower", "nnx.Conv feature_group_count=8, 8->16 with bias -> nnx.BatchNorm")
-    yield make("dense_bn", lambda r: DenseBN(rngs=r), (2, 20), "NC", "export",
-               "nnx.Linear 20->32 -> nnx.BatchNorm -> relu")
-    yield make("resnet_nhwc", lambda r: ResNet(rngs=r), (2, 16, 16, 3), "NHWC", "lower",
-               "stem conv(bias)-BN-relu + 2 basic blocks (second strided with 1x1 projection+BN) + Linear")
+    yield make(
+        "conv_bn_nhwc",
+        lambda r: ConvBN(3, 8, use_bias=False, rngs=r),
+        (1, 16, 16, 3),
+        "NHWC",
+        "export",
+        "nnx.Conv 3x3 SAME no bias -> nnx.BatchNorm",
+    )
+    yield make(
+        "conv_bias_bn_nhwc",
+        lambda r: ConvBN(3, 8, use_bias=True, rngs=r),
+        (2, 16, 16, 3),
+        "NHWC",
+        "lower",
+        "nnx.Conv 3x3 SAME with bias -> nnx.BatchNorm",
+    )
+    yield make(
+        "depthwise_bn_nhwc",
+        lambda r: ConvBN(8, 16, use_bias=True, groups=8, rngs=r),
+        (1, 16, 16, 8),
+        "NHWC",
+        "lower",
+        "nnx.Conv feature_group_count=8, 8->16 with bias -> nnx.BatchNorm",
+    )
+    yield make(
+        "dense_bn", lambda r: DenseBN(rngs=r), (2, 20), "NC", "export", "nnx.Linear 20->32 -> nnx.BatchNorm -> relu"
+    )
+    yield make(
+        "resnet_nhwc",
+        lambda r: ResNet(rngs=r),
+        (2, 16, 16, 3),
+        "NHWC",
+        "lower",
+        "stem conv(bias)-BN-relu + 2 basic blocks (second strided with 1x1 projection+BN) + Linear",
+    )
 
 
 # --------------------------------------------------------------------------- haiku
@@ -435,8 +498,7 @@ def haiku_cases() -> Iterator[Case]:
     fw = "haiku"
 
     def bn(data_format="channels_last", eps=1e-5):
-        return hk.BatchNorm(create_scale=True, create_offset=True, decay_rate=0.9, eps=eps,
-                            data_format=data_format)
+        return hk.BatchNorm(create_scale=True, create_offset=True, decay_rate=0.9, eps=eps, data_format=data_format)
 
     # Every body takes is_training: init runs with True (so the EMA state exists), the
     # exported function with False.
@@ -458,8 +520,11 @@ def haiku_cases() -> Iterator[Case]:
 
     def resnet(x, is_training):
         net = hk.nets.ResNet(
-            blocks_per_group=(1, 1, 1, 1), num_classes=10, bottleneck=False,
-            channels_per_group=(8, 16, 16, 32), use_projection=(True, True, True, True),
+            blocks_per_group=(1, 1, 1, 1),
+            num_classes=10,
+            bottleneck=False,
+            channels_per_group=(8, 16, 16, 32),
+            use_projection=(True, True, True, True),
             initial_conv_config={"output_channels": 8, "kernel_shape": 3, "stride": 1},
             logits_config={"w_init": hk.initializers.VarianceScaling()},  # default is zeros
         )
@@ -482,29 +547,59 @@ def haiku_cases() -> Iterator[Case]:
             params[m]["scale"] = st.gamma(params[m]["scale"].shape)
             params[m]["offset"] = st.beta(params[m]["offset"].shape)
         nprod = 0
-        for mod, p in params.items():
+        for p in params.values():
             if "w" in p:
                 nprod += 1
                 if "b" in p:
                     p["b"] = st.bias(p["b"].shape)
         if not numpy_params:  # what f.init hands a user; numpy values reshape eagerly
             params, state = jax.tree_util.tree_map(jnp.asarray, (params, state))
-        fn = lambda x: f.apply(params, state, None, x, False)[0]  # noqa: E731
+        fn = lambda x: f.apply(params, state, None, x, False)[0]
         return Case(name, fw, layout, len(bn_modules), nprod, form, desc, fn, x, np_out(fn(x)))
 
-    yield make("conv_bn_nhwc", lambda x, t: conv_bn(x, t, with_bias=False), (1, 16, 16, 3), "NHWC", "lower",
-               "hk.Conv2D 3x3 SAME no bias -> hk.BatchNorm")
-    yield make("conv_bias_bn_nhwc", lambda x, t: conv_bn(x, t, with_bias=True), (2, 16, 16, 3), "NHWC", "export",
-               "hk.Conv2D 3x3 SAME with bias -> hk.BatchNorm")
-    yield make("conv_bn_nchw", conv_bn_nchw, (2, 3, 16, 16), "NCHW", "export",
-               "hk.Conv2D data_format=NCHW (kernel stays HWIO) with bias -> "
-               "hk.BatchNorm(data_format=channels_first); params closed over as numpy arrays",
-               numpy_params=True)
-    yield make("depthwise_bn_nhwc", depthwise_bn, (1, 16, 16, 8), "NHWC", "lower",
-               "hk.DepthwiseConv2D channel_multiplier=2 (8->16) -> hk.BatchNorm eps=1e-3")
+    yield make(
+        "conv_bn_nhwc",
+        lambda x, t: conv_bn(x, t, with_bias=False),
+        (1, 16, 16, 3),
+        "NHWC",
+        "lower",
+        "hk.Conv2D 3x3 SAME no bias -> hk.BatchNorm",
+    )
+    yield make(
+        "conv_bias_bn_nhwc",
+        lambda x, t: conv_bn(x, t, with_bias=True),
+        (2, 16, 16, 3),
+        "NHWC",
+        "export",
+        "hk.Conv2D 3x3 SAME with bias -> hk.BatchNorm",
+    )
+    yield make(
+        "conv_bn_nchw",
+        conv_bn_nchw,
+        (2, 3, 16, 16),
+        "NCHW",
+        "export",
+        "hk.Conv2D data_format=NCHW (kernel stays HWIO) with bias -> "
+        "hk.BatchNorm(data_format=channels_first); params closed over as numpy arrays",
+        numpy_params=True,
+    )
+    yield make(
+        "depthwise_bn_nhwc",
+        depthwise_bn,
+        (1, 16, 16, 8),
+        "NHWC",
+        "lower",
+        "hk.DepthwiseConv2D channel_multiplier=2 (8->16) -> hk.BatchNorm eps=1e-3",
+    )
     yield make("dense_bn", dense_bn, (2, 20), "NC", "lower", "hk.Linear 20->32 -> hk.BatchNorm -> relu")
-    yield make("resnet_nhwc", resnet, (2, 32, 32, 3), "NHWC", "export",
-               "hk.nets.ResNet v1, basic blocks (1,1,1,1), channels (8,16,16,32), projections, 3x3 stem")
+    yield make(
+        "resnet_nhwc",
+        resnet,
+        (2, 32, 32, 3),
+        "NHWC",
+        "export",
+        "hk.nets.ResNet v1, basic blocks (1,1,1,1), channels (8,16,16,32), projections, 3x3 stem",
+    )
 
 
 # --------------------------------------------------------------------------- equinox
@@ -590,7 +685,7 @@ def equinox_cases() -> Iterator[Case]:
             x, state = self.block2(x, state)
             return self.head(jnp.mean(x, axis=(1, 2))), state
 
-    is_bn = lambda n: isinstance(n, eqx.nn.BatchNorm)  # noqa: E731
+    is_bn = lambda n: isinstance(n, eqx.nn.BatchNorm)
 
     def make(name, ctor, in_shape, layout, form, desc, batch_counter=100):
         st = Stats(f"{fw}/{name}")
@@ -609,8 +704,11 @@ def equinox_cases() -> Iterator[Case]:
 
         def replace(n):
             if is_bn(n):
-                return eqx.tree_at(lambda b: (b.weight, b.bias), n,
-                                   (jnp.asarray(st.gamma(n.input_size)), jnp.asarray(st.beta(n.input_size))))
+                return eqx.tree_at(
+                    lambda b: (b.weight, b.bias),
+                    n,
+                    (jnp.asarray(st.gamma(n.input_size)), jnp.asarray(st.beta(n.input_size))),
+                )
             if isinstance(n, producer_types) and n.bias is not None:
                 return eqx.tree_at(lambda c: c.bias, n, jnp.asarray(st.bias(n.bias.shape)))
             return n
@@ -619,22 +717,57 @@ def equinox_cases() -> Iterator[Case]:
         model = eqx.nn.inference_mode(model)
         batched = jax.vmap(lambda x: model(x, state)[0], axis_name="batch")
         x = st.input(in_shape)
-        fn = lambda x: batched(x)  # noqa: E731
+        fn = lambda x: batched(x)
         return Case(name, fw, layout, len(bns), len(prods), form, desc, fn, x, np_out(fn(x)))
 
-    yield make("conv_bn_nchw", lambda key: ConvBN(3, 8, use_bias=False, key=key), (2, 3, 16, 16), "NCHW",
-               "lower", "eqx.nn.Conv2d 3x3 SAME no bias -> eqx.nn.BatchNorm(mode=ema), vmapped")
-    yield make("conv_bias_bn_nchw", lambda key: ConvBN(3, 8, use_bias=True, key=key), (1, 3, 16, 16), "NCHW",
-               "export", "eqx.nn.Conv2d 3x3 SAME with bias -> eqx.nn.BatchNorm(mode=ema), vmapped")
-    yield make("conv_bn_batchmode_nchw", lambda key: ConvBN(3, 8, use_bias=True, mode="batch", key=key),
-               (2, 3, 16, 16), "NCHW", "export",
-               "eqx.nn.Conv2d with bias -> eqx.nn.BatchNorm(mode=batch): zero-debias counter/where chain")
-    yield make("grouped_bn_nchw", lambda key: ConvBN(8, 16, use_bias=True, groups=8, key=key),
-               (1, 8, 16, 16), "NCHW", "lower", "eqx.nn.Conv2d groups=8, 8->16 with bias -> eqx.nn.BatchNorm")
-    yield make("dense_bn", lambda key: DenseBN(key=key), (2, 20), "NC", "lower",
-               "eqx.nn.Linear 20->32 -> eqx.nn.BatchNorm -> relu, vmapped")
-    yield make("resnet_nchw", lambda key: ResNet(key=key), (2, 3, 16, 16), "NCHW", "export",
-               "stem conv-BN-relu + 2 basic blocks (second strided with 1x1 projection+BN) + Linear")
+    yield make(
+        "conv_bn_nchw",
+        lambda key: ConvBN(3, 8, use_bias=False, key=key),
+        (2, 3, 16, 16),
+        "NCHW",
+        "lower",
+        "eqx.nn.Conv2d 3x3 SAME no bias -> eqx.nn.BatchNorm(mode=ema), vmapped",
+    )
+    yield make(
+        "conv_bias_bn_nchw",
+        lambda key: ConvBN(3, 8, use_bias=True, key=key),
+        (1, 3, 16, 16),
+        "NCHW",
+        "export",
+        "eqx.nn.Conv2d 3x3 SAME with bias -> eqx.nn.BatchNorm(mode=ema), vmapped",
+    )
+    yield make(
+        "conv_bn_batchmode_nchw",
+        lambda key: ConvBN(3, 8, use_bias=True, mode="batch", key=key),
+        (2, 3, 16, 16),
+        "NCHW",
+        "export",
+        "eqx.nn.Conv2d with bias -> eqx.nn.BatchNorm(mode=batch): zero-debias counter/where chain",
+    )
+    yield make(
+        "grouped_bn_nchw",
+        lambda key: ConvBN(8, 16, use_bias=True, groups=8, key=key),
+        (1, 8, 16, 16),
+        "NCHW",
+        "lower",
+        "eqx.nn.Conv2d groups=8, 8->16 with bias -> eqx.nn.BatchNorm",
+    )
+    yield make(
+        "dense_bn",
+        lambda key: DenseBN(key=key),
+        (2, 20),
+        "NC",
+        "lower",
+        "eqx.nn.Linear 20->32 -> eqx.nn.BatchNorm -> relu, vmapped",
+    )
+    yield make(
+        "resnet_nchw",
+        lambda key: ResNet(key=key),
+        (2, 3, 16, 16),
+        "NCHW",
+        "export",
+        "stem conv-BN-relu + 2 basic blocks (second strided with 1x1 projection+BN) + Linear",
+    )
 
 
 # --------------------------------------------------------------------------- keras
@@ -688,39 +821,89 @@ def keras_cases() -> Iterator[Case]:
                 if getattr(layer, "bias", None) is not None:
                     layer.bias.assign(st.bias(layer.bias.shape))
         x = st.input(in_shape)
-        fn = lambda x: model(x, training=False)  # noqa: E731
-        return Case(name, fw, layout, nbn, nprod, form, desc, fn, x, np_out(fn(jnp.asarray(x))),
-                    rtol=5e-5 if calibrated else RTOL)
+        fn = lambda x: model(x, training=False)
+        return Case(
+            name,
+            fw,
+            layout,
+            nbn,
+            nprod,
+            form,
+            desc,
+            fn,
+            x,
+            np_out(fn(jnp.asarray(x))),
+            rtol=5e-5 if calibrated else RTOL,
+        )
 
     def seq(in_shape, layer_list):
         # Layers are built inside make(), after the seed is set: Keras initializers draw their
         # seed when constructed.
         return lambda: keras.Sequential([keras.Input(in_shape[1:]), *layer_list()])
 
-    yield make("conv_bn_nhwc",
-               seq((1, 16, 16, 3), lambda: [layers.Conv2D(8, 3, padding="same", use_bias=False),
-                                            layers.BatchNormalization()]),
-               (1, 16, 16, 3), "NHWC", "lower", "Conv2D 3x3 same no bias -> BatchNormalization")
-    yield make("conv_bias_bn_nhwc",
-               seq((2, 16, 16, 3), lambda: [layers.Conv2D(8, 3, padding="same"),
-                                            layers.BatchNormalization(), layers.ReLU()]),
-               (2, 16, 16, 3), "NHWC", "export", "Conv2D 3x3 same with bias -> BatchNormalization -> ReLU")
-    yield make("conv_bias_bn_nchw",
-               seq((2, 3, 16, 16), lambda: [layers.Conv2D(8, 3, padding="same", data_format="channels_first"),
-                                            layers.BatchNormalization(axis=1)]),
-               (2, 3, 16, 16), "NCHW", "lower", "Conv2D channels_first with bias -> BatchNormalization(axis=1)")
-    yield make("depthwise_bn_nhwc",
-               seq((1, 16, 16, 8), lambda: [layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2),
-                                            layers.BatchNormalization(), layers.ReLU(6.0)]),
-               (1, 16, 16, 8), "NHWC", "export",
-               "DepthwiseConv2D depth_multiplier=2 (8->16) with bias -> BatchNormalization -> ReLU6")
-    yield make("conv_transpose_bn_nhwc",
-               seq((1, 8, 8, 4), lambda: [layers.Conv2DTranspose(8, 3, strides=2, padding="same"),
-                                          layers.BatchNormalization()]),
-               (1, 8, 8, 4), "NHWC", "lower", "Conv2DTranspose 3x3 stride 2 with bias -> BatchNormalization")
-    yield make("dense_bn",
-               seq((2, 20), lambda: [layers.Dense(32), layers.BatchNormalization(), layers.ReLU()]),
-               (2, 20), "NC", "export", "Dense 20->32 -> BatchNormalization -> ReLU")
+    yield make(
+        "conv_bn_nhwc",
+        seq((1, 16, 16, 3), lambda: [layers.Conv2D(8, 3, padding="same", use_bias=False), layers.BatchNormalization()]),
+        (1, 16, 16, 3),
+        "NHWC",
+        "lower",
+        "Conv2D 3x3 same no bias -> BatchNormalization",
+    )
+    yield make(
+        "conv_bias_bn_nhwc",
+        seq((2, 16, 16, 3), lambda: [layers.Conv2D(8, 3, padding="same"), layers.BatchNormalization(), layers.ReLU()]),
+        (2, 16, 16, 3),
+        "NHWC",
+        "export",
+        "Conv2D 3x3 same with bias -> BatchNormalization -> ReLU",
+    )
+    yield make(
+        "conv_bias_bn_nchw",
+        seq(
+            (2, 3, 16, 16),
+            lambda: [
+                layers.Conv2D(8, 3, padding="same", data_format="channels_first"),
+                layers.BatchNormalization(axis=1),
+            ],
+        ),
+        (2, 3, 16, 16),
+        "NCHW",
+        "lower",
+        "Conv2D channels_first with bias -> BatchNormalization(axis=1)",
+    )
+    yield make(
+        "depthwise_bn_nhwc",
+        seq(
+            (1, 16, 16, 8),
+            lambda: [
+                layers.DepthwiseConv2D(3, padding="same", depth_multiplier=2),
+                layers.BatchNormalization(),
+                layers.ReLU(6.0),
+            ],
+        ),
+        (1, 16, 16, 8),
+        "NHWC",
+        "export",
+        "DepthwiseConv2D depth_multiplier=2 (8->16) with bias -> BatchNormalization -> ReLU6",
+    )
+    yield make(
+        "conv_transpose_bn_nhwc",
+        seq(
+            (1, 8, 8, 4), lambda: [layers.Conv2DTranspose(8, 3, strides=2, padding="same"), layers.BatchNormalization()]
+        ),
+        (1, 8, 8, 4),
+        "NHWC",
+        "lower",
+        "Conv2DTranspose 3x3 stride 2 with bias -> BatchNormalization",
+    )
+    yield make(
+        "dense_bn",
+        seq((2, 20), lambda: [layers.Dense(32), layers.BatchNormalization(), layers.ReLU()]),
+        (2, 20),
+        "NC",
+        "export",
+        "Dense 20->32 -> BatchNormalization -> ReLU",
+    )
 
     def resnet():
         def block(x, filters, stride):
@@ -744,15 +927,27 @@ def keras_cases() -> Iterator[Case]:
         x = layers.GlobalAveragePooling2D()(x)
         return keras.Model(inp, layers.Dense(10)(x))
 
-    yield make("resnet_nhwc", resnet, (2, 32, 32, 3), "NHWC", "lower",
-               "functional ResNet: padded stem conv-BN-relu + 3 basic blocks (Add, one 1x1 projection+BN), "
-               "biased convs, eps=1.001e-5, GAP + Dense")
-    yield make("mobilenetv2_nhwc",
-               lambda: keras.applications.MobileNetV2(input_shape=(32, 32, 3), alpha=0.35, weights=None,
-                                                      classes=10, classifier_activation=None),
-               (1, 32, 32, 3), "NHWC", "export",
-               "keras.applications.MobileNetV2(alpha=0.35, weights=None, classes=10), 32x32 input; "
-               "running stats calibrated on random inputs, then perturbed", calibrated=True)
+    yield make(
+        "resnet_nhwc",
+        resnet,
+        (2, 32, 32, 3),
+        "NHWC",
+        "lower",
+        "functional ResNet: padded stem conv-BN-relu + 3 basic blocks (Add, one 1x1 projection+BN), "
+        "biased convs, eps=1.001e-5, GAP + Dense",
+    )
+    yield make(
+        "mobilenetv2_nhwc",
+        lambda: keras.applications.MobileNetV2(
+            input_shape=(32, 32, 3), alpha=0.35, weights=None, classes=10, classifier_activation=None
+        ),
+        (1, 32, 32, 3),
+        "NHWC",
+        "export",
+        "keras.applications.MobileNetV2(alpha=0.35, weights=None, classes=10), 32x32 input; "
+        "running stats calibrated on random inputs, then perturbed",
+        calibrated=True,
+    )
 
 
 # --------------------------------------------------------------------------- torchax
@@ -857,7 +1052,7 @@ def torchax_cases() -> Iterator[Case]:
             x = st.input(in_shape)
             reference = model(torch.from_numpy(x)).numpy()
         params, jax_fn = torchax.extract_jax(model)
-        fn = lambda x: jax_fn(params, (x,))  # noqa: E731
+        fn = lambda x: jax_fn(params, (x,))
         if not torch_reference:
             import jax
 
@@ -865,30 +1060,65 @@ def torchax_cases() -> Iterator[Case]:
         return Case(name, fw, layout, nbn, nprod, form, desc, fn, x, reference)
 
     seq = nn.Sequential
-    yield make("conv_bn_nchw", lambda: seq(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)),
-               (2, 3, 16, 16), "NCHW", "lower", "nn.Conv2d 3x3 pad 1 no bias -> nn.BatchNorm2d, eval()")
-    yield make("conv_bias_bn_nchw",
-               lambda: seq(nn.Conv2d(3, 8, 3, padding="same"), nn.BatchNorm2d(8), nn.ReLU()),
-               (1, 3, 16, 16), "NCHW", "export",
-               "nn.Conv2d 3x3 padding=same with bias -> nn.BatchNorm2d -> ReLU, eval()")
-    yield make("grouped_bn_nchw", lambda: seq(nn.Conv2d(8, 16, 3, padding=1, groups=8), nn.BatchNorm2d(16)),
-               (1, 8, 16, 16), "NCHW", "lower", "nn.Conv2d groups=8, 8->16 with bias -> nn.BatchNorm2d")
-    yield make("conv_transpose_bn_nchw",
-               lambda: seq(nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1, output_padding=1), nn.BatchNorm2d(8)),
-               (1, 4, 8, 8), "NCHW", "lower",
-               "nn.ConvTranspose2d 4->8 stride 2 with bias -> nn.BatchNorm2d")
-    yield make("conv_transpose_grouped_bn_nchw",
-               lambda: seq(nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1, output_padding=1, groups=2),
-                           nn.BatchNorm2d(8)),
-               (1, 4, 8, 8), "NCHW", "export",
-               "nn.ConvTranspose2d groups=2, 4->8, stride 2, with bias -> nn.BatchNorm2d. torchax 0.0.13 "
-               "lowers grouped ConvTranspose2d to something torch disagrees with; the module is still a valid "
-               "grouped transposed conv + BN, verified against torchax's own jit output, not torch",
-               torch_reference=False)
-    yield make("dense_bn", lambda: seq(nn.Linear(20, 32), nn.BatchNorm1d(32), nn.ReLU()), (2, 20), "NC",
-               "export", "nn.Linear 20->32 -> nn.BatchNorm1d -> ReLU, eval()")
-    yield make("resnet_nchw", ResNet, (2, 3, 16, 16), "NCHW", "lower",
-               "stem conv-BN-relu + 3 basic blocks (one strided with 1x1 projection+BN) + mean + Linear")
+    yield make(
+        "conv_bn_nchw",
+        lambda: seq(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8)),
+        (2, 3, 16, 16),
+        "NCHW",
+        "lower",
+        "nn.Conv2d 3x3 pad 1 no bias -> nn.BatchNorm2d, eval()",
+    )
+    yield make(
+        "conv_bias_bn_nchw",
+        lambda: seq(nn.Conv2d(3, 8, 3, padding="same"), nn.BatchNorm2d(8), nn.ReLU()),
+        (1, 3, 16, 16),
+        "NCHW",
+        "export",
+        "nn.Conv2d 3x3 padding=same with bias -> nn.BatchNorm2d -> ReLU, eval()",
+    )
+    yield make(
+        "grouped_bn_nchw",
+        lambda: seq(nn.Conv2d(8, 16, 3, padding=1, groups=8), nn.BatchNorm2d(16)),
+        (1, 8, 16, 16),
+        "NCHW",
+        "lower",
+        "nn.Conv2d groups=8, 8->16 with bias -> nn.BatchNorm2d",
+    )
+    yield make(
+        "conv_transpose_bn_nchw",
+        lambda: seq(nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1, output_padding=1), nn.BatchNorm2d(8)),
+        (1, 4, 8, 8),
+        "NCHW",
+        "lower",
+        "nn.ConvTranspose2d 4->8 stride 2 with bias -> nn.BatchNorm2d",
+    )
+    yield make(
+        "conv_transpose_grouped_bn_nchw",
+        lambda: seq(nn.ConvTranspose2d(4, 8, 3, stride=2, padding=1, output_padding=1, groups=2), nn.BatchNorm2d(8)),
+        (1, 4, 8, 8),
+        "NCHW",
+        "export",
+        "nn.ConvTranspose2d groups=2, 4->8, stride 2, with bias -> nn.BatchNorm2d. torchax 0.0.13 "
+        "lowers grouped ConvTranspose2d to something torch disagrees with; the module is still a valid "
+        "grouped transposed conv + BN, verified against torchax's own jit output, not torch",
+        torch_reference=False,
+    )
+    yield make(
+        "dense_bn",
+        lambda: seq(nn.Linear(20, 32), nn.BatchNorm1d(32), nn.ReLU()),
+        (2, 20),
+        "NC",
+        "export",
+        "nn.Linear 20->32 -> nn.BatchNorm1d -> ReLU, eval()",
+    )
+    yield make(
+        "resnet_nchw",
+        ResNet,
+        (2, 3, 16, 16),
+        "NCHW",
+        "lower",
+        "stem conv-BN-relu + 3 basic blocks (one strided with 1x1 projection+BN) + mean + Linear",
+    )
 
 
 BUILDERS: dict[str, Callable[[], Iterator[Case]]] = {
@@ -925,12 +1155,21 @@ def parse_args(argv=None) -> argparse.Namespace:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Frameworks: " + ", ".join(FRAMEWORKS),
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"output directory (default: {DEFAULT_OUT.relative_to(REPO_ROOT)} in the repo)")
-    parser.add_argument("--only", action="append", metavar="FRAMEWORK",
-                        help="export only these frameworks (repeatable or comma-separated)")
-    parser.add_argument("--no-verify", action="store_true",
-                        help="skip compiling and comparing each file with the framework's output")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_OUT,
+        help=f"output directory (default: {DEFAULT_OUT.relative_to(REPO_ROOT)} in the repo)",
+    )
+    parser.add_argument(
+        "--only",
+        action="append",
+        metavar="FRAMEWORK",
+        help="export only these frameworks (repeatable or comma-separated)",
+    )
+    parser.add_argument(
+        "--no-verify", action="store_true", help="skip compiling and comparing each file with the framework's output"
+    )
     args = parser.parse_args(argv)
     selected = []
     for item in args.only or list(FRAMEWORKS):
@@ -969,15 +1208,19 @@ def main(argv=None) -> int:
                 failures.append(f"{case.file}: {e}")
             entries[case.file] = manifest_entry(case, case.reference.shape)
             count += 1
-            print(f"  {case.file:45s} {len(text.encode()) / 1024:8.1f} KiB  bn={case.batchnorm_layers:<3d}"
-                  f" producers={case.producers:<3d} {case.form:6s} {status}")
+            print(
+                f"  {case.file:45s} {len(text.encode()) / 1024:8.1f} KiB  bn={case.batchnorm_layers:<3d}"
+                f" producers={case.producers:<3d} {case.form:6s} {status}"
+            )
         print(f"{fw}: {count} models in {time.perf_counter() - t0:.1f} s")
 
     ordered = sorted(entries.values(), key=lambda e: (FRAMEWORKS.index(e["framework"]), e["file"]))
     manifest_path.write_text(json.dumps(ordered, indent=2) + "\n")
     total = sum(p.stat().st_size for p in out.glob("*") if p.is_file())
-    print(f"wrote {manifest_path} ({len(ordered)} entries); directory {total / 2**20:.2f} MiB;"
-          f" {time.perf_counter() - t_start:.1f} s")
+    print(
+        f"wrote {manifest_path} ({len(ordered)} entries); directory {total / 2**20:.2f} MiB;"
+        f" {time.perf_counter() - t_start:.1f} s"
+    )
     if total > MAX_DIR_BYTES:
         failures.append(f"directory is {total} bytes > {MAX_DIR_BYTES}")
     for f in failures:

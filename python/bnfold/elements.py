@@ -138,8 +138,8 @@ def element_type(dtype: np.dtype) -> ir.Type:
 def dense_attr(array: np.ndarray, element: ir.Type) -> ir.DenseElementsAttr:
     """A dense attribute of `element` type holding `array` rounded once to it."""
     dtype = numpy_dtype(element)
-    assert dtype is not None and dtype.kind in "fV" or dtype == _FLOATS["bf16"]
-    rounded = np.ascontiguousarray(array.astype(dtype))
+    assert dtype is not None and is_float(element)
+    rounded = np.ascontiguousarray(np.asarray(array, dtype=dtype))
     ty = ir.RankedTensorType.get(list(rounded.shape), element)
     if dtype == _FLOATS["bf16"]:
         return ir.DenseElementsAttr.get(rounded.view(np.uint16), type=ty)

@@ -212,16 +212,24 @@ def discard_all(staged: Sequence[Staged]) -> None:
             os.unlink(s.tmp)
 
 
+_NAME_LOC_RE = re.compile(r'^"((?:[^"\\]|\\.)*)"\(')
+
+
 def format_location(loc: ir.Location, name: str | None = None) -> str:
     """`file:line:col` for file locations, the name for name locations.
 
     `name` replaces the parser's "-" file name of text parsed from memory.
+    Name locations keep only their name (jax.export names ops like
+    `jit(f)/BatchNorm_0/sub`; the call stack behind it is noise in a report).
     """
     text = str(loc)
     if text.startswith("loc(") and text.endswith(")"):
         text = text[4:-1]
     if name is not None and text.startswith('"-":'):
         text = f'"{name}":' + text[4:]
+    match = _NAME_LOC_RE.match(text)
+    if match:
+        return match.group(1)
     return text.replace('"', "") if text.count('"') == 2 and text.startswith('"') else text
 
 

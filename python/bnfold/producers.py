@@ -89,11 +89,23 @@ def output_kernel_axis(op: ir.Operation, result_axis: int) -> KernelAxis | str:
     return KernelAxis(1, rhs_free[result_axis - n_batch - len(lhs_free)])
 
 
-def scale_along(kernel: np.ndarray, axis: int, scale: np.ndarray) -> np.ndarray:
-    """`kernel * scale` with `scale` laid along `axis` (float64 result)."""
+def scale_along(kernel: np.ndarray, axis: int, scale: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`kernel * scale` with `scale` laid along `axis`, as `dtype`.
+
+    The product is computed in float64 and rounded once to `dtype`, in one
+    buffered pass (no full-size float64 temporary).
+    """
     shape = [1] * kernel.ndim
     shape[axis] = scale.shape[0]
-    return kernel.astype(np.float64) * scale.reshape(shape)
+    return scale_by(kernel, scale.reshape(shape), dtype)
+
+
+def scale_by(kernel: np.ndarray, factor: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """`kernel * factor` (broadcasting) computed in float64, rounded once to `dtype`."""
+    out = np.empty(kernel.shape, dtype=dtype)
+    np.multiply(kernel, factor.astype(np.float64, copy=False), out=out, dtype=np.float64,
+                casting="unsafe")
+    return out
 
 
 # --- forward folding -----------------------------------------------------------

@@ -224,7 +224,8 @@ def _rewrite(producer: ir.Operation, composed: Composed, kernel_axis: producers.
     norm = _norm_op(steps)
     out_axis = fit.origin
 
-    new_kernel = producers.scale_along(kernel, kernel_axis.axis, fit.scale)
+    new_kernel = producers.scale_along(kernel, kernel_axis.axis, fit.scale,
+                                       elements.numpy_dtype(kernel_type.element_type))
     with ir.InsertionPoint(producer):
         k = stablehlo.ConstantOp(elements.dense_attr(new_kernel, kernel_type.element_type),
                                  loc=kernel_loc)

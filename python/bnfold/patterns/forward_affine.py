@@ -213,7 +213,8 @@ def _rewrite(op: ir.Operation, act_index: int, steps: list[Step], composed: Comp
     first = steps[0]
     start = first.op.operands[first.x_index]
 
-    new_kernel = kernel.astype(np.float64) * mapping.expand(fit.scale, kernel.shape)
+    new_kernel = producers.scale_by(kernel, mapping.expand(fit.scale, kernel.shape),
+                                    elements.numpy_dtype(kernel_type.element_type))
     with ir.InsertionPoint(op):
         k = stablehlo.ConstantOp(elements.dense_attr(new_kernel, kernel_type.element_type),
                                  loc=kernel_loc)

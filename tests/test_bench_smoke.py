@@ -1,0 +1,53 @@
+"""Smoke test of tools/bench.py: every section runs end to end on tiny models.
+
+No timing assertions: the numbers of a --size tiny run mean nothing; this only
+checks that the script works (model generation, child processes, the report).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "tools" / "bench.py"
+
+HEADERS = [
+    "# bnfold benchmark",
+    "## Machine",
+    "## Models",
+    "## Fold cost",
+    "## Scaling",
+    "## Memory",
+    "## Graph size",
+    "## Inference",
+]
+
+
+def test_bench_tiny_runs_every_section(tmp_path: Path) -> None:
+    out_json = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH), "--size", "tiny", "--repeat", "1",
+         "--workdir", str(tmp_path / "models"), "--json", str(out_json)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for header in HEADERS:
+        assert header in proc.stdout, f"missing {header!r} in:\n{proc.stdout}"
+    data = json.loads(out_json.read_text())
+    assert set(data["sections"]) == {"fold", "scaling", "memory", "graph", "inference"}
+
+
+def test_bench_help() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH), "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0
+    assert "--only" in proc.stdout and "--repeat" in proc.stdout
+
+
+def test_bench_rejects_unknown_section() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH), "--only", "fold,nope"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "nope" in proc.stderr

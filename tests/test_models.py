@@ -1,0 +1,76 @@
+"""Real-framework exports (testdata/models/, made by tools/export_testdata.py).
+
+For every model: every BatchNorm layer folds, nothing of the normalization is
+left, XLA CPU numerics hold, and the report names both ends of every fold.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import support
+from bnfold import numerics
+
+MODELS = support.manifest(support.MODELS)
+PRODUCERS = ("stablehlo.convolution", "stablehlo.dot_general")
+SCALING = ("stablehlo.multiply", "stablehlo.subtract", "stablehlo.divide")
+
+
+def _leftovers(text: str) -> list[str]:
+    """Normalization work still present after folding, described."""
+    context, module = support.parse(text)
+    from bnfold.constants import Evaluator
+    problems: list[str] = []
+    with context:
+        evaluator = Evaluator(module)
+        producers = []
+
+        def visit(op):
+            if op.name in ("stablehlo.batch_norm_inference", "stablehlo.rsqrt", "stablehlo.sqrt"):
+                problems.append(f"{op.name} remains")
+            if op.name in PRODUCERS:
+                producers.append(op)
+            return support.bir.ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+        for producer in producers:
+            value, adds = producer.results[0], 0
+            while True:
+                uses = list(value.uses)
+                if len(uses) != 1:
+                    break
+                user = uses[0].owner
+                if user.name == "stablehlo.reshape":
+                    value = user.results[0]
+                    continue
+                others = [v for v in user.operands if v != value]
+                if user.name not in SCALING + ("stablehlo.add",) or len(others) != 1 or \
+                        evaluator.constant(others[0]) is None:
+                    break
+                if user.name in SCALING:
+                    problems.append(f"{user.name} by a constant after {producer.name}")
+                adds += user.name == "stablehlo.add"
+                value = user.results[0]
+            if adds > 1:
+                problems.append(f"{adds} constant adds after one {producer.name}")
+    return problems
+
+
+def test_models_are_present():
+    frameworks = {m["framework"] for m in MODELS}
+    assert {"flax_linen", "flax_nnx", "haiku", "equinox", "keras"} <= frameworks, frameworks
+
+
+@pytest.mark.parametrize("model", MODELS, ids=lambda m: m["file"])
+def test_every_batchnorm_folds(model):
+    text = (support.MODELS / model["file"]).read_text()
+    folded, report = support.fold(text)
+    # Every BN folds; other per-channel scales may fold too (a mean-pool's divide
+    # folds forward into the classifier), so count BN folds by their absence below.
+    assert len(report.folds) >= model["batchnorm_layers"], report.to_json()["skipped"]
+    assert _leftovers(folded) == []
+    for fold in report.folds:
+        assert fold.producer and fold.norm and fold.producer_op in PRODUCERS
+    inputs = support.inputs_for(text)
+    expected = numerics.run_xla(text, inputs)
+    numerics.check_close(numerics.run_xla(folded, inputs), expected, "f32")

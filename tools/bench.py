@@ -1,0 +1,854 @@
+#!/usr/bin/env python3
+"""Benchmark bnfold: fold cost, scaling, memory, graph size and inference speed.
+
+The machine this runs on is assumed to be shared and noisy, so every timing is
+reported against a baseline measured in the same run, interleaved with it
+(baseline, candidate, baseline, candidate, ...), as the median of --repeat
+repetitions after one untimed warm-up of each. Ratios are the median of the
+per-pair ratios (robust to slow drift of the machine's load); the range of the
+per-pair ratios is printed next to them so the noise is visible. --json keeps
+every raw sample.
+
+Sections (select with --only):
+
+  fold       whole-process `python -m bnfold -q IN -o OUT` on the ResNet-50-shaped
+             module, text->text and bytecode->bytecode (--emit bytecode), against
+             a baseline process that imports jaxlib, builds the same context
+             (bnfold.ir.make_context, loaded without bnfold's package __init__, so
+             importing the pass is bnfold's cost) and parses + prints / reads +
+             writes bytecode with no folding. Targets: text <= 1.15x, bytecode
+             <= 1.25x.
+  scaling    in-process `bnfold.fold_module` time per folded layer (parse and
+             print excluded) on stacks of N conv+BN layers, N interleaved; target
+             max/min per-layer time <= 1.5x.
+  memory     peak RSS of the text->text CLI process on the ResNet-50-shaped module
+             (os.wait4 rusage of that child) against the module's size on disk;
+             target <= 2.5x. The baseline process's peak RSS is shown for scale.
+  graph      op counts before and after folding (total, elementwise, constants).
+  inference  XLA CPU execution time of the folded vs the unfolded ResNet-18-shaped
+             module, batch 1 and 8, compiled once, execution only; once with
+             default flags and once with XLA_FLAGS=--xla_cpu_experimental_ynn_
+             fusion_type= (each flag setting in its own child process, because
+             XLA reads XLA_FLAGS once). No target.
+
+Models are generated with plain jax (conv_general_dilated + Flax-style
+decomposed batch norm `(y - mean) * (rsqrt(var + eps) * gamma) + beta` on
+1x1x1xC constants + relu, parameters closed over so they lower to constants)
+and cached in --workdir (default: $TMPDIR/bnfold-bench) under a hash of their
+specification. Outputs of the timed processes go to a scratch directory on
+/dev/shm when it exists (no disk write-back noise) and are deleted at exit.
+
+Usage:
+    python tools/bench.py                         # everything, full size (~166+ MB models)
+    python tools/bench.py --only fold,memory --repeat 9
+    python tools/bench.py --size tiny --repeat 1  # seconds; what the smoke test runs
+    python tools/bench.py --json bench.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import hashlib
+import json
+import math
+import os
+import platform
+import re
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("fold", "scaling", "memory", "graph", "inference")
+GENERATOR_VERSION = 1  # bump when the generated modules change
+
+TARGETS = {
+    "fold_text": 1.15,
+    "fold_bytecode": 1.25,
+    "scaling": 1.5,
+    "memory": 2.5,
+}
+
+ELEMENTWISE = frozenset(f"stablehlo.{n}" for n in (
+    "add", "subtract", "multiply", "divide", "rsqrt", "sqrt", "negate", "broadcast_in_dim"))
+
+YNN_FLAGS = "--xla_cpu_experimental_ynn_fusion_type="
+
+# --- sizes -------------------------------------------------------------------
+
+SIZES: dict[str, dict[str, Any]] = {
+    "full": {
+        "resnet50": {"kind": "resnet", "block": "bottleneck", "hw": 224, "stem": 64,
+                     "widths": [64, 128, 256, 512], "blocks": [3, 4, 6, 3]},
+        "resnet18": {"kind": "resnet", "block": "basic", "hw": 224, "stem": 64,
+                     "widths": [64, 128, 256, 512], "blocks": [2, 2, 2, 2]},
+        "stacks": [10, 100, 1000],
+        "stack": {"kind": "stack", "hw": 8, "channels": 16},
+        "batches": [1, 8],
+    },
+    "tiny": {
+        "resnet50": {"kind": "resnet", "block": "bottleneck", "hw": 32, "stem": 8,
+                     "widths": [8, 16], "blocks": [1, 1]},
+        "resnet18": {"kind": "resnet", "block": "basic", "hw": 32, "stem": 8,
+                     "widths": [8, 16], "blocks": [1, 1]},
+        "stacks": [2, 4, 8],
+        "stack": {"kind": "stack", "hw": 8, "channels": 16},
+        "batches": [1, 8],
+    },
+}
+
+
+def log(message: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- model generation --------------------------------------------------------
+
+
+@dataclass
+class Model:
+    name: str
+    spec: dict[str, Any]
+    text: Path
+    bytecode: Path
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+def _spec_hash(name: str, spec: dict[str, Any]) -> str:
+    # The jax version is part of the key: it changes the printed IR.
+    key = json.dumps({"name": name, "spec": spec, "gen": GENERATOR_VERSION,
+                      "jax": _version("jax")}, sort_keys=True)
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def _version(dist: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "?"
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+def ensure_model(workdir: Path, name: str, spec: dict[str, Any], regenerate: bool) -> Model:
+    stem = f"{name}-{_spec_hash(name, spec)}"
+    text, bytecode, meta = (workdir / f"{stem}.mlir", workdir / f"{stem}.mlirbc",
+                            workdir / f"{stem}.json")
+    if regenerate or not (text.exists() and bytecode.exists() and meta.exists()):
+        log(f"generating {name} ({json.dumps(spec)})")
+        start = time.perf_counter()
+        module_text, info = _lower(spec)
+        _write_atomically(text, module_text.encode())
+        _write_atomically(bytecode, _to_bytecode(module_text))
+        info["generation_s"] = round(time.perf_counter() - start, 1)
+        _write_atomically(meta, json.dumps(info).encode())
+        log(f"generated {text.name}: {text.stat().st_size / 1e6:.1f} MB text in "
+            f"{info['generation_s']} s")
+    info = json.loads(meta.read_text())
+    info["text_bytes"] = text.stat().st_size
+    info["bytecode_bytes"] = bytecode.stat().st_size
+    return Model(name, spec, text, bytecode, info)
+
+
+def _to_bytecode(text: str) -> bytes:
+    import io
+
+    from bnfold import ir as bir
+
+    context = bir.make_context()
+    with context:
+        module = bir.ir.Module.parse(text)
+        buf = io.BytesIO()
+        module.operation.write_bytecode(buf)
+    return buf.getvalue()
+
+
+def _lower(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """Lowers the model described by `spec` to StableHLO text with jax."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    from jax import lax
+
+    rng = np.random.default_rng(zlib.crc32(json.dumps(
+        {k: v for k, v in spec.items() if k != "batch"}, sort_keys=True).encode()))
+    counts = {"params": 0, "conv_bn": 0}
+
+    def conv_bn(cin: int, cout: int, k: int) -> dict[str, Any]:
+        kernel = rng.standard_normal((k, k, cin, cout)) * math.sqrt(2.0 / (k * k * cin))
+        stats = {
+            "mean": rng.normal(0.0, 0.3, cout),
+            "var": rng.uniform(0.5, 2.0, cout),
+            "gamma": rng.uniform(0.5, 1.5, cout),
+            "beta": rng.normal(0.0, 0.3, cout),
+        }
+        counts["params"] += kernel.size + 4 * cout
+        counts["conv_bn"] += 1
+        layer = {"k": jnp.asarray(kernel, jnp.float32)}
+        # Flax keeps 1-D params and reshapes them to broadcast against NHWC.
+        layer.update({n: jnp.asarray(v, jnp.float32).reshape(1, 1, 1, cout)
+                      for n, v in stats.items()})
+        return layer
+
+    def apply(layer: dict[str, Any], x: Any, stride: int = 1) -> Any:
+        y = lax.conv_general_dilated(x, layer["k"], (stride, stride), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        # flax.linen.normalization._normalize, inference mode.
+        mul = lax.rsqrt(layer["var"] + 1e-5) * layer["gamma"]
+        return (y - layer["mean"]) * mul + layer["beta"]
+
+    relu = jax.nn.relu
+    batch = spec.get("batch", 1)
+    if spec["kind"] == "stack":
+        c, n = spec["channels"], spec["layers"]
+        layers = [conv_bn(c, c, 3) for _ in range(n)]
+        shape = (batch, spec["hw"], spec["hw"], c)
+
+        def model(x: Any) -> Any:
+            for layer in layers:
+                x = relu(apply(layer, x))
+            return x
+    else:
+        stem = conv_bn(3, spec["stem"], 7)
+        stages = []
+        cin = spec["stem"]
+        for s, (width, nblocks) in enumerate(zip(spec["widths"], spec["blocks"])):
+            blocks = []
+            for b in range(nblocks):
+                stride = 2 if (s > 0 and b == 0) else 1
+                if spec["block"] == "bottleneck":
+                    cout = 4 * width
+                    convs = [conv_bn(cin, width, 1), conv_bn(width, width, 3),
+                             conv_bn(width, cout, 1)]
+                else:
+                    cout = width
+                    convs = [conv_bn(cin, width, 3), conv_bn(width, cout, 3)]
+                proj = conv_bn(cin, cout, 1) if (stride != 1 or cin != cout) else None
+                blocks.append((convs, proj, stride))
+                cin = cout
+            stages.append(blocks)
+        shape = (batch, spec["hw"], spec["hw"], 3)
+
+        def model(x: Any) -> Any:
+            x = relu(apply(stem, x, 2))
+            x = lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+            for blocks in stages:
+                for convs, proj, stride in blocks:
+                    y = x
+                    for i, layer in enumerate(convs):
+                        # ResNet v1.5 (Flax examples): the stride is on the 3x3 conv.
+                        is_strided = (i == 1) if len(convs) == 3 else (i == 0)
+                        y = apply(layer, y, stride if is_strided else 1)
+                        if i < len(convs) - 1:
+                            y = relu(y)
+                    shortcut = apply(proj, x, stride) if proj is not None else x
+                    x = relu(y + shortcut)
+            return jnp.mean(x, axis=(1, 2))
+
+    text = jax.jit(model).lower(jax.ShapeDtypeStruct(shape, jnp.float32)).as_text()
+    header = re.search(r"func\.func public @main\(([^)]*)\)", text)
+    if header is None or header.group(1).count("%arg") != 1:
+        raise RuntimeError("generated module's @main must take the input only (parameters "
+                           "were expected to lower to constants)")
+    return text, {"input_shape": list(shape), "params": counts["params"],
+                  "conv_bn_layers": counts["conv_bn"]}
+
+
+def build_models(size: str, workdir: Path, sections: set[str],
+                 regenerate: bool) -> dict[str, Model]:
+    cfg = SIZES[size]
+    models: dict[str, Model] = {}
+    if sections & {"fold", "memory", "graph"}:
+        models["resnet50"] = ensure_model(workdir, "resnet50", cfg["resnet50"], regenerate)
+    if sections & {"scaling", "graph"}:
+        for n in cfg["stacks"]:
+            models[f"stack{n}"] = ensure_model(workdir, f"stack{n}",
+                                               dict(cfg["stack"], layers=n), regenerate)
+    if sections & {"graph", "inference"}:
+        for b in cfg["batches"]:
+            name = "resnet18" if b == 1 else f"resnet18_b{b}"
+            if b != 1 and "inference" not in sections:
+                continue
+            models[name] = ensure_model(workdir, name, dict(cfg["resnet18"], batch=b),
+                                        regenerate)
+    return models
+
+
+# --- measuring child processes ------------------------------------------------
+
+# The no-fold baseline of the fold section. bnfold/__init__ is not executed
+# (bnfold.ir and bnfold.errors are loaded from the package directory), so this
+# pays for jaxlib, the context, parse, print and the write, and nothing else.
+BASELINE = r"""
+import importlib.util, io, os, sys, types
+_spec = importlib.util.find_spec("bnfold")
+_pkg = types.ModuleType("bnfold")
+_pkg.__path__ = list(_spec.submodule_search_locations)
+sys.modules["bnfold"] = _pkg
+from bnfold.ir import ir, make_context
+fmt, src, dst = sys.argv[1:4]
+with open(src, "rb") as f:
+    data = f.read()
+context = make_context()
+with context:
+    module = ir.Module.parse(data)
+buf = io.BytesIO()
+if fmt == "bytecode":
+    module.operation.write_bytecode(buf)
+else:
+    module.operation.print(file=buf, binary=True, assume_verified=True)
+tmp = dst + ".tmp"
+with open(tmp, "wb") as f:
+    f.write(buf.getvalue())
+os.replace(tmp, dst)
+assert "bnfold.pipeline" not in sys.modules
+"""
+
+
+@dataclass
+class Sample:
+    wall: float
+    cpu: float
+    maxrss: int  # bytes
+
+
+def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Sample:
+    """Runs `cmd`; wall time, CPU time and peak RSS of exactly that child (os.wait4)."""
+    with tempfile.TemporaryFile() as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=err, env=env)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        if proc.returncode != 0:
+            err.seek(0)
+            raise RuntimeError(f"command failed with exit status {proc.returncode}: "
+                               f"{shlex.join(cmd)}\n{err.read().decode(errors='replace')[-3000:]}")
+    # ru_maxrss is in kilobytes on Linux.
+    return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+
+
+def paired(base: list[float], cand: list[float]) -> dict[str, Any]:
+    ratios = [c / b for b, c in zip(base, cand)]
+    return {
+        "baseline_median": statistics.median(base),
+        "candidate_median": statistics.median(cand),
+        "ratio": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "ratio_of_medians": statistics.median(cand) / statistics.median(base),
+        "baseline_samples": base,
+        "candidate_samples": cand,
+    }
+
+
+class Runner:
+    def __init__(self, repeat: int, scratch: Path) -> None:
+        self.repeat = repeat
+        self.scratch = scratch
+        self._cli_runs: dict[str, tuple[list[Sample], list[Sample]]] = {}
+
+    def cli_pairs(self, model: Model, fmt: str) -> tuple[list[Sample], list[Sample]]:
+        """(baseline samples, bnfold samples) of whole-process runs, interleaved."""
+        if fmt in self._cli_runs:
+            return self._cli_runs[fmt]
+        src = model.text if fmt == "mlir" else model.bytecode
+        ext = ".mlir" if fmt == "mlir" else ".mlirbc"
+        base_out, cli_out = self.scratch / f"base{ext}", self.scratch / f"folded{ext}"
+        base_cmd = [sys.executable, "-c", BASELINE, "bytecode" if fmt != "mlir" else "mlir",
+                    str(src), str(base_out)]
+        cli_cmd = [sys.executable, "-m", "bnfold", "-q", str(src), "-o", str(cli_out)]
+        if fmt != "mlir":
+            cli_cmd += ["--emit", "bytecode"]
+        log(f"fold {fmt}: warm-up, then {self.repeat} interleaved pairs")
+        run_measured(base_cmd)
+        run_measured(cli_cmd)
+        base, cand = [], []
+        for i in range(self.repeat):
+            base.append(run_measured(base_cmd))
+            cand.append(run_measured(cli_cmd))
+            log(f"  pair {i + 1}/{self.repeat}: baseline {base[-1].wall:.2f} s, "
+                f"bnfold {cand[-1].wall:.2f} s")
+        for path in (base_out, cli_out):
+            path.unlink(missing_ok=True)
+        self._cli_runs[fmt] = (base, cand)
+        self.commands = getattr(self, "commands", {})
+        self.commands[fmt] = {"baseline": shlex.join(base_cmd[:2] + ["<BASELINE>"] + base_cmd[3:]),
+                              "bnfold": shlex.join(cli_cmd)}
+        return base, cand
+
+    def child(self, kind: str, payload: dict[str, Any],
+              env: dict[str, str] | None = None) -> dict[str, Any]:
+        """Runs a measurement in a fresh process of this script; returns its JSON result."""
+        request = self.scratch / f"{kind}-{os.getpid()}-{time.monotonic_ns()}.json"
+        request.write_text(json.dumps(payload))
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--_child", kind,
+               "--_payload", str(request)]
+        proc = subprocess.run(cmd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=None, text=True, check=False)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{kind} child failed with exit status {proc.returncode}: "
+                               f"{shlex.join(cmd)}")
+        result_path = Path(str(request) + ".out")
+        result = json.loads(result_path.read_text())
+        request.unlink(missing_ok=True)
+        result_path.unlink(missing_ok=True)
+        return result
+
+
+# --- sections ------------------------------------------------------------------
+
+
+def section_fold(runner: Runner, models: dict[str, Model]) -> dict[str, Any]:
+    model = models["resnet50"]
+    out: dict[str, Any] = {"model": model.name}
+    for fmt, key in (("mlir", "text"), ("bytecode", "bytecode")):
+        base, cand = runner.cli_pairs(model, fmt)
+        wall = paired([s.wall for s in base], [s.wall for s in cand])
+        cpu = paired([s.cpu for s in base], [s.cpu for s in cand])
+        out[key] = {"wall": wall, "cpu": cpu, "target": TARGETS[f"fold_{key}"],
+                    "commands": runner.commands[fmt]}
+    return out
+
+
+def section_memory(runner: Runner, models: dict[str, Model]) -> dict[str, Any]:
+    model = models["resnet50"]
+    base, cand = runner.cli_pairs(model, "mlir")
+    size = model.info["text_bytes"]
+    cli_rss = statistics.median(s.maxrss for s in cand)
+    base_rss = statistics.median(s.maxrss for s in base)
+    return {
+        "model": model.name,
+        "module_bytes": size,
+        "bnfold_peak_rss": cli_rss,
+        "bnfold_ratio": cli_rss / size,
+        "baseline_peak_rss": base_rss,
+        "baseline_ratio": base_rss / size,
+        "bnfold_samples": [s.maxrss for s in cand],
+        "baseline_samples": [s.maxrss for s in base],
+        "target": TARGETS["memory"],
+    }
+
+
+def section_scaling(runner: Runner, models: dict[str, Model], size: str) -> dict[str, Any]:
+    stacks = [models[f"stack{n}"] for n in SIZES[size]["stacks"]]
+    log(f"scaling: {runner.repeat} interleaved rounds over {[m.name for m in stacks]}")
+    result = runner.child("scaling", {"repeat": runner.repeat,
+                                      "models": [[m.info["conv_bn_layers"], str(m.text)]
+                                                 for m in stacks]})
+    rows = []
+    for n, samples, folds in result["rows"]:
+        med = statistics.median(samples)
+        rows.append({"layers": n, "folds": folds, "fold_median_s": med,
+                     "per_layer_s": med / n, "samples": samples})
+    per_layer = [r["per_layer_s"] for r in rows]
+    marginal = None
+    if len(rows) >= 2:
+        a, b = rows[-2], rows[-1]
+        marginal = (b["fold_median_s"] - a["fold_median_s"]) / (b["layers"] - a["layers"])
+    return {"rows": rows, "ratio": max(per_layer) / min(per_layer),
+            "marginal_per_layer_s": marginal, "target": TARGETS["scaling"]}
+
+
+def section_graph(runner: Runner, models: dict[str, Model]) -> dict[str, Any]:
+    names = [n for n in models if n == "resnet50" or n == "resnet18" or n.startswith("stack")]
+    log(f"graph: counting ops of {names}")
+    result = runner.child("graph", {"models": [[n, str(models[n].text)] for n in names]})
+    return {"rows": result["rows"]}
+
+
+def section_inference(runner: Runner, models: dict[str, Model], size: str) -> dict[str, Any]:
+    batches = SIZES[size]["batches"]
+    payload = {"repeat": runner.repeat, "models": [
+        [b, str(models["resnet18" if b == 1 else f"resnet18_b{b}"].text),
+         models["resnet18" if b == 1 else f"resnet18_b{b}"].info["input_shape"]]
+        for b in batches]}
+    out: dict[str, Any] = {"model": "resnet18", "settings": []}
+    for label, flags in (("default", None), ("ynn fusion off", YNN_FLAGS)):
+        env = dict(os.environ)
+        env.pop("XLA_FLAGS", None)
+        if flags is not None:
+            env["XLA_FLAGS"] = flags
+        log(f"inference ({label}): compile once, {runner.repeat} interleaved rounds per batch")
+        result = runner.child("inference", payload, env=env)
+        out["settings"].append({"label": label, "xla_flags": flags or "", "rows": result["rows"]})
+    return out
+
+
+# --- children (fresh processes) -------------------------------------------------
+
+
+def child_scaling(payload: dict[str, Any]) -> dict[str, Any]:
+    import bnfold
+    from bnfold import ir as bir
+
+    texts = [(n, Path(p).read_bytes()) for n, p in payload["models"]]
+
+    def fold_once(text: bytes) -> tuple[float, int]:
+        context = bir.make_context()
+        module = bir.parse(text, context).module
+        gc.collect()
+        with context:
+            start = time.perf_counter()
+            report = bnfold.fold_module(module)
+            elapsed = time.perf_counter() - start
+        return elapsed, len(report.folds)
+
+    for _, text in texts:  # warm-up: lazy imports, first-use costs
+        fold_once(text)
+    samples: dict[int, list[float]] = {n: [] for n, _ in texts}
+    folds: dict[int, int] = {}
+    for i in range(payload["repeat"]):
+        order = texts if i % 2 == 0 else texts[::-1]  # no position bias within a round
+        for n, text in order:
+            elapsed, folds[n] = fold_once(text)
+            samples[n].append(elapsed)
+    for n, _ in texts:
+        if folds[n] != n:
+            raise RuntimeError(f"stack of {n} layers: bnfold folded {folds[n]} normalizations")
+    return {"rows": [[n, samples[n], folds[n]] for n, _ in texts]}
+
+
+def _count_ops(module: Any) -> dict[str, int]:
+    from bnfold import ir as bir
+
+    counts = {"total": 0, "elementwise": 0, "constants": 0, "convolutions": 0}
+
+    def visit(op: Any) -> Any:
+        name = op.name
+        if name not in ("builtin.module", "func.func", "func.return"):
+            counts["total"] += 1
+        if name in ELEMENTWISE:
+            counts["elementwise"] += 1
+        elif name == "stablehlo.constant":
+            counts["constants"] += 1
+        elif name == "stablehlo.convolution":
+            counts["convolutions"] += 1
+        return bir.ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return counts
+
+
+def child_graph(payload: dict[str, Any]) -> dict[str, Any]:
+    import bnfold
+    from bnfold import ir as bir
+
+    rows = []
+    for name, path in payload["models"]:
+        context = bir.make_context()
+        module = bir.parse(Path(path).read_bytes(), context).module
+        with context:
+            before = _count_ops(module)
+            report = bnfold.fold_module(module)
+            after = _count_ops(module)
+        rows.append({"model": name, "before": before, "after": after,
+                     "folds": len(report.folds), "skipped": len(report.skipped)})
+        del module, context
+    return {"rows": rows}
+
+
+def child_inference(payload: dict[str, Any]) -> dict[str, Any]:
+    # The compile-once / execute pattern of bnfold.ir.xla_cpu_run, with the
+    # executable kept so only execution is timed.
+    import jax
+    import jax.extend
+    import numpy as np
+    from jax._src.lib import xla_client as xc
+
+    import bnfold
+
+    backend = jax.extend.backend.get_backend("cpu")
+    device = backend.devices()[0]
+    rows = []
+    for batch, path, shape in payload["models"]:
+        text = Path(path).read_text()
+        folded, report = bnfold.fold_text(text)
+        exes = {}
+        compile_s = {}
+        for label, module in (("unfolded", text), ("folded", folded)):
+            start = time.perf_counter()
+            exes[label] = backend.compile_and_load(module, xc.DeviceList((device,)),
+                                                   xc.CompileOptions())
+            compile_s[label] = time.perf_counter() - start
+        x = jax.device_put(np.random.default_rng(0).standard_normal(shape).astype(np.float32),
+                           device)
+
+        def run(exe: Any) -> list[Any]:
+            outs = exe.execute_sharded([x]).disassemble_into_single_device_arrays()
+            return jax.block_until_ready([o[0] for o in outs])
+
+        ref = np.asarray(run(exes["unfolded"])[0], np.float64)
+        got = np.asarray(run(exes["folded"])[0], np.float64)
+        rel_err = float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30))
+        # Warm-up, and an inner loop long enough (~0.2 s) for a stable sample.
+        start = time.perf_counter()
+        for _ in range(2):
+            run(exes["unfolded"])
+            run(exes["folded"])
+        one = (time.perf_counter() - start) / 4
+        inner = max(1, min(50, round(0.2 / max(one, 1e-6))))
+        samples: dict[str, list[float]] = {"unfolded": [], "folded": []}
+        for _ in range(payload["repeat"]):
+            for label in ("unfolded", "folded"):
+                start = time.perf_counter()
+                for _ in range(inner):
+                    run(exes[label])
+                samples[label].append((time.perf_counter() - start) / inner)
+        stats = paired(samples["unfolded"], samples["folded"])
+        rows.append({"batch": batch, "folds": len(report.folds), "inner": inner,
+                     "rel_err": rel_err, "compile_s": compile_s, **stats})
+    return {"rows": rows, "xla_flags": os.environ.get("XLA_FLAGS", "")}
+
+
+CHILDREN = {"scaling": child_scaling, "graph": child_graph, "inference": child_inference}
+
+
+# --- report ----------------------------------------------------------------------
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = "?"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = os.cpu_count()
+    commit = "?"
+    try:
+        commit = subprocess.run(["git", "-C", str(REPO_ROOT), "describe", "--always", "--dirty"],
+                                capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "usable_cores": affinity,
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "python": platform.python_version(),
+        "jax": _version("jax"),
+        "jaxlib": _version("jaxlib"),
+        "numpy": _version("numpy"),
+        "bnfold": _version("bnfold"),
+        "bnfold_commit": commit,
+        "platform": platform.platform(),
+    }
+
+
+def _target(value: float, limit: float) -> str:
+    if value <= limit:
+        return "met"
+    return f"**MISSED** by {value - limit:.2f}x ({100 * (value / limit - 1):.0f}% over)"
+
+
+def _t(seconds: float) -> str:
+    if abs(seconds) < 1e-3:
+        return f"{seconds * 1e6:.1f} µs"
+    if abs(seconds) < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds:.3f} s"
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:.1f} MB"
+
+
+def render(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    lines = [
+        "# bnfold benchmark",
+        "",
+        f"Command: `{data['command']}`  ",
+        f"Size: {data['size']}, repeat: {data['repeat']} (medians; ratios are medians of "
+        f"interleaved per-pair ratios, [min–max] of the pairs)",
+        "",
+        "## Machine",
+        "",
+        "| CPU | cores (usable) | load avg at start | python | jax / jaxlib | numpy | bnfold |",
+        "|---|---|---|---|---|---|---|",
+        f"| {m['cpu']} | {m['cores']} ({m['usable_cores']}) | "
+        f"{' '.join(map(str, m['load_average_at_start']))} | {m['python']} | "
+        f"{m['jax']} / {m['jaxlib']} | {m['numpy']} | {m['bnfold']} ({m['bnfold_commit']}) |",
+        "",
+        "## Models",
+        "",
+        "| model | input | conv+BN layers | params | text | bytecode |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, info in data["models"].items():
+        lines.append(f"| {name} | {'x'.join(map(str, info['input_shape']))} | "
+                     f"{info['conv_bn_layers']} | {info['params'] / 1e6:.2f}M | "
+                     f"{_mb(info['text_bytes'])} | {_mb(info['bytecode_bytes'])} |")
+    if "fold" in data:
+        f = data["fold"]
+        lines += ["", f"## Fold cost (whole process, {f['model']})", "",
+                  "| conversion | baseline (no fold) | bnfold | wall ratio [range] | target | "
+                  "CPU ratio | result |",
+                  "|---|---|---|---|---|---|---|"]
+        for key, label in (("text", "text → text"), ("bytecode", "bytecode → bytecode")):
+            r = f[key]
+            w = r["wall"]
+            lines.append(
+                f"| {label} | {_t(w['baseline_median'])} | {_t(w['candidate_median'])} | "
+                f"{w['ratio']:.3f}x [{w['ratio_min']:.2f}–{w['ratio_max']:.2f}] | "
+                f"≤ {r['target']:.2f}x | {r['cpu']['ratio']:.3f}x | "
+                f"{_target(w['ratio'], r['target'])} |")
+        lines += ["", "Baseline: a `python -c` process that imports jaxlib, builds "
+                  "`bnfold.ir.make_context()` (without importing the bnfold pass), parses and "
+                  "prints (or reads and writes bytecode) and writes the output file."]
+    if "scaling" in data:
+        s = data["scaling"]
+        lines += ["", "## Scaling (in-process `fold_module`, parse/print excluded)", "",
+                  "| layers | folds | fold time | per layer |", "|---|---|---|---|"]
+        for r in s["rows"]:
+            lines.append(f"| {r['layers']} | {r['folds']} | {_t(r['fold_median_s'])} | "
+                         f"{_t(r['per_layer_s'])} |")
+        marginal = s["marginal_per_layer_s"]
+        lines += ["", f"Max/min per-layer time: **{s['ratio']:.2f}x** (target ≤ "
+                  f"{s['target']:.1f}x: {_target(s['ratio'], s['target'])})."
+                  + (f" Marginal cost between the two largest stacks: {_t(marginal)} per "
+                     f"layer." if marginal is not None else "")]
+    if "memory" in data:
+        mem = data["memory"]
+        lines += ["", f"## Memory (text → text, {mem['model']})", "",
+                  "| process | peak RSS | / module size | target | result |",
+                  "|---|---|---|---|---|",
+                  f"| bnfold CLI | {_mb(mem['bnfold_peak_rss'])} | {mem['bnfold_ratio']:.2f}x | "
+                  f"≤ {mem['target']:.1f}x | {_target(mem['bnfold_ratio'], mem['target'])} |",
+                  f"| baseline (parse + print) | {_mb(mem['baseline_peak_rss'])} | "
+                  f"{mem['baseline_ratio']:.2f}x | | |",
+                  "", f"Module size on disk: {_mb(mem['module_bytes'])}."]
+    if "graph" in data:
+        lines += ["", "## Graph size (ops before → after folding)", "",
+                  "| model | folds | convolutions | ops | elementwise | constants |",
+                  "|---|---|---|---|---|---|"]
+        for r in data["graph"]["rows"]:
+            b, a = r["before"], r["after"]
+            lines.append(f"| {r['model']} | {r['folds']} | {a['convolutions']} | "
+                         f"{b['total']} → {a['total']} | {b['elementwise']} → "
+                         f"{a['elementwise']} | {b['constants']} → {a['constants']} |")
+        lines += ["", "Elementwise: add, subtract, multiply, divide, rsqrt, sqrt, negate, "
+                  "broadcast_in_dim. Ops exclude module, func.func and func.return."]
+    if "inference" in data:
+        inf = data["inference"]
+        lines += ["", f"## Inference (XLA CPU, {inf['model']}, compiled once, execution only)",
+                  "", "| XLA_FLAGS | batch | unfolded | folded | folded/unfolded [range] | "
+                  "max rel. diff |", "|---|---|---|---|---|---|"]
+        for setting in inf["settings"]:
+            for r in setting["rows"]:
+                lines.append(
+                    f"| {'`' + setting['xla_flags'] + '`' if setting['xla_flags'] else '(default)'}"
+                    f" | {r['batch']} | {_t(r['baseline_median'])} | "
+                    f"{_t(r['candidate_median'])} | {r['ratio']:.3f}x "
+                    f"[{r['ratio_min']:.2f}–{r['ratio_max']:.2f}] | {r['rel_err']:.1e} |")
+        lines += ["", "No target. Each flag setting runs in its own process; each sample "
+                  "averages an inner loop of ~0.2 s."]
+    return "\n".join(lines) + "\n"
+
+
+# --- main --------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="bench.py", description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", choices=sorted(SIZES), default="full",
+                        help="full: ResNet-50/18 at 224x224, stacks of 10/100/1000 layers; "
+                             "tiny: a 2-block resnet, stacks of 2/4/8 (for the smoke test)")
+    parser.add_argument("--repeat", type=int, default=5, metavar="N",
+                        help="timed repetitions per measurement (default: 5)")
+    parser.add_argument("--only", default=",".join(SECTIONS), metavar="SECTIONS",
+                        help=f"comma-separated sections to run (default: all): "
+                             f"{','.join(SECTIONS)}")
+    parser.add_argument("--workdir", type=Path, metavar="DIR",
+                        help="where generated models are cached (default: "
+                             "$TMPDIR/bnfold-bench)")
+    parser.add_argument("--regenerate", action="store_true",
+                        help="regenerate the models even if cached")
+    parser.add_argument("--json", type=Path, metavar="FILE",
+                        help="also write all results, with raw samples, as JSON")
+    parser.add_argument("--_child", help=argparse.SUPPRESS)
+    parser.add_argument("--_payload", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeat < 1:
+        parser.error("--repeat must be at least 1")
+    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    unknown = sorted(set(only) - set(SECTIONS))
+    if unknown or not only:
+        parser.error(f"--only: unknown section(s) {', '.join(unknown) or '(none given)'}; "
+                     f"known: {', '.join(SECTIONS)}")
+    args.sections = [s for s in SECTIONS if s in only]
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args._child:
+        payload = json.loads(Path(args._payload).read_text())
+        result = CHILDREN[args._child](payload)
+        Path(args._payload + ".out").write_text(json.dumps(result))
+        return 0
+
+    command = shlex.join([sys.executable, *sys.argv])
+    machine = machine_info()
+    workdir = args.workdir or Path(tempfile.gettempdir()) / "bnfold-bench"
+    workdir.mkdir(parents=True, exist_ok=True)
+    sections = set(args.sections)
+    models = build_models(args.size, workdir, sections, args.regenerate)
+    shm = Path("/dev/shm")
+    scratch = Path(tempfile.mkdtemp(prefix="bnfold-bench-",
+                                    dir=shm if shm.is_dir() and os.access(shm, os.W_OK)
+                                    else workdir))
+    data: dict[str, Any] = {
+        "command": command, "size": args.size, "repeat": args.repeat,
+        "sections": args.sections, "machine": machine,
+        "models": {n: m.info for n, m in models.items()},
+    }
+    runner = Runner(args.repeat, scratch)
+    try:
+        for section in args.sections:
+            if section == "fold":
+                data["fold"] = section_fold(runner, models)
+            elif section == "scaling":
+                data["scaling"] = section_scaling(runner, models, args.size)
+            elif section == "memory":
+                data["memory"] = section_memory(runner, models)
+            elif section == "graph":
+                data["graph"] = section_graph(runner, models)
+            elif section == "inference":
+                data["inference"] = section_inference(runner, models, args.size)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    data["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    sys.stdout.write(render(data))
+    sys.stdout.flush()
+    if args.json:
+        args.json.write_text(json.dumps(data, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
