@@ -73,4 +73,7 @@ def test_every_batchnorm_folds(model):
         assert fold.producer and fold.norm and fold.producer_op in PRODUCERS
     inputs = support.inputs_for(text)
     expected = numerics.run_xla(text, inputs)
-    numerics.check_close(numerics.run_xla(folded, inputs), expected, "f32")
+    # Deep models amplify float32 rounding; the manifest records each model's measured
+    # sensitivity (rtol) next to the default 1e-5.
+    numerics.check_close(numerics.run_xla(folded, inputs), expected, "f32",
+                         rtol=max(model.get("rtol", 1e-5), 1e-5))

@@ -145,24 +145,32 @@ def _write_atomically(path: Path, data: bytes) -> None:
     os.replace(tmp, path)
 
 
-def ensure_model(workdir: Path, name: str, spec: dict[str, Any], regenerate: bool) -> Model:
+def ensure_model(runner: Runner, workdir: Path, name: str, spec: dict[str, Any],
+                 regenerate: bool) -> Model:
     stem = f"{name}-{_spec_hash(name, spec)}"
     text, bytecode, meta = (workdir / f"{stem}.mlir", workdir / f"{stem}.mlirbc",
                             workdir / f"{stem}.json")
     if regenerate or not (text.exists() and bytecode.exists() and meta.exists()):
         log(f"generating {name} ({json.dumps(spec)})")
-        start = time.perf_counter()
-        module_text, info = _lower(spec)
-        _write_atomically(text, module_text.encode())
-        _write_atomically(bytecode, _to_bytecode(module_text))
-        info["generation_s"] = round(time.perf_counter() - start, 1)
-        _write_atomically(meta, json.dumps(info).encode())
+        # In a child: the orchestrating process must stay small (see run_measured).
+        info = runner.child("generate", {"spec": spec, "text": str(text),
+                                         "bytecode": str(bytecode), "meta": str(meta)})
         log(f"generated {text.name}: {text.stat().st_size / 1e6:.1f} MB text in "
             f"{info['generation_s']} s")
     info = json.loads(meta.read_text())
     info["text_bytes"] = text.stat().st_size
     info["bytecode_bytes"] = bytecode.stat().st_size
     return Model(name, spec, text, bytecode, info)
+
+
+def child_generate(payload: dict[str, Any]) -> dict[str, Any]:
+    start = time.perf_counter()
+    module_text, info = _lower(payload["spec"])
+    _write_atomically(Path(payload["text"]), module_text.encode())
+    _write_atomically(Path(payload["bytecode"]), _to_bytecode(module_text))
+    info["generation_s"] = round(time.perf_counter() - start, 1)
+    _write_atomically(Path(payload["meta"]), json.dumps(info).encode())
+    return info
 
 
 def _to_bytecode(text: str) -> bytes:
@@ -269,33 +277,35 @@ def _lower(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                   "conv_bn_layers": counts["conv_bn"]}
 
 
-def build_models(size: str, workdir: Path, sections: set[str],
+def build_models(runner: Runner, size: str, workdir: Path, sections: set[str],
                  regenerate: bool) -> dict[str, Model]:
     cfg = SIZES[size]
     models: dict[str, Model] = {}
     if sections & {"fold", "memory", "graph"}:
-        models["resnet50"] = ensure_model(workdir, "resnet50", cfg["resnet50"], regenerate)
+        models["resnet50"] = ensure_model(runner, workdir, "resnet50", cfg["resnet50"], regenerate)
     if sections & {"scaling", "graph"}:
         for n in cfg["stacks"]:
-            models[f"stack{n}"] = ensure_model(workdir, f"stack{n}",
+            models[f"stack{n}"] = ensure_model(runner, workdir, f"stack{n}",
                                                dict(cfg["stack"], layers=n), regenerate)
     if sections & {"graph", "inference"}:
         for b in cfg["batches"]:
             name = "resnet18" if b == 1 else f"resnet18_b{b}"
             if b != 1 and "inference" not in sections:
                 continue
-            models[name] = ensure_model(workdir, name, dict(cfg["resnet18"], batch=b),
+            models[name] = ensure_model(runner, workdir, name, dict(cfg["resnet18"], batch=b),
                                         regenerate)
     return models
 
 
 # --- measuring child processes ------------------------------------------------
 
-# The no-fold baseline of the fold section. bnfold/__init__ is not executed
-# (bnfold.ir and bnfold.errors are loaded from the package directory), so this
-# pays for jaxlib, the context, parse, print and the write, and nothing else.
+# The no-fold baseline of the fold section: the least a tool that reads and
+# writes the module has to do. bnfold/__init__ is not executed (bnfold.ir and
+# bnfold.errors are loaded from the package directory), so this pays for
+# jaxlib, the context, parse, print and the write, and nothing else. The input
+# bytes are dropped once parsed and the printer writes straight to the file.
 BASELINE = r"""
-import importlib.util, io, os, sys, types
+import importlib.util, os, sys, types
 _spec = importlib.util.find_spec("bnfold")
 _pkg = types.ModuleType("bnfold")
 _pkg.__path__ = list(_spec.submodule_search_locations)
@@ -307,14 +317,13 @@ with open(src, "rb") as f:
 context = make_context()
 with context:
     module = ir.Module.parse(data)
-buf = io.BytesIO()
-if fmt == "bytecode":
-    module.operation.write_bytecode(buf)
-else:
-    module.operation.print(file=buf, binary=True, assume_verified=True)
+del data
 tmp = dst + ".tmp"
 with open(tmp, "wb") as f:
-    f.write(buf.getvalue())
+    if fmt == "bytecode":
+        module.operation.write_bytecode(f)
+    else:
+        module.operation.print(file=f, binary=True, assume_verified=True)
 os.replace(tmp, dst)
 assert "bnfold.pipeline" not in sys.modules
 """
@@ -328,7 +337,15 @@ class Sample:
 
 
 def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Sample:
-    """Runs `cmd`; wall time, CPU time and peak RSS of exactly that child (os.wait4)."""
+    """Runs `cmd`; wall time, CPU time and peak RSS of exactly that child (os.wait4).
+
+    Linux folds the peak RSS of the address space a process had before execve
+    into its ru_maxrss, and subprocess forks with vfork, whose pre-exec address
+    space is this process's: the child's ru_maxrss is max(this process's peak,
+    the child's own peak). So this process never imports jax or loads a model
+    (generation, graph counts and inference run in children), and the memory
+    section checks that the children's peaks exceed this process's peak.
+    """
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -342,6 +359,17 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Sample:
                                f"{shlex.join(cmd)}\n{err.read().decode(errors='replace')[-3000:]}")
     # ru_maxrss is in kilobytes on Linux.
     return Sample(wall, usage.ru_utime + usage.ru_stime, usage.ru_maxrss * 1024)
+
+
+def own_peak_rss() -> int:
+    """This process's peak RSS in bytes (VmHWM), 0 if unknown."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
 
 
 def paired(base: list[float], cand: list[float]) -> dict[str, Any]:
@@ -363,6 +391,7 @@ class Runner:
         self.repeat = repeat
         self.scratch = scratch
         self._cli_runs: dict[str, tuple[list[Sample], list[Sample]]] = {}
+        self.commands: dict[str, dict[str, str]] = {}
 
     def cli_pairs(self, model: Model, fmt: str) -> tuple[list[Sample], list[Sample]]:
         """(baseline samples, bnfold samples) of whole-process runs, interleaved."""
@@ -388,8 +417,7 @@ class Runner:
         for path in (base_out, cli_out):
             path.unlink(missing_ok=True)
         self._cli_runs[fmt] = (base, cand)
-        self.commands = getattr(self, "commands", {})
-        self.commands[fmt] = {"baseline": shlex.join(base_cmd[:2] + ["<BASELINE>"] + base_cmd[3:]),
+        self.commands[fmt] = {"baseline": shlex.join(base_cmd[:2] + ["$BASELINE"] + base_cmd[3:]),
                               "bnfold": shlex.join(cli_cmd)}
         return base, cand
 
@@ -417,7 +445,7 @@ class Runner:
 
 def section_fold(runner: Runner, models: dict[str, Model]) -> dict[str, Any]:
     model = models["resnet50"]
-    out: dict[str, Any] = {"model": model.name}
+    out: dict[str, Any] = {"model": model.name, "baseline_snippet": BASELINE}
     for fmt, key in (("mlir", "text"), ("bytecode", "bytecode")):
         base, cand = runner.cli_pairs(model, fmt)
         wall = paired([s.wall for s in base], [s.wall for s in cand])
@@ -433,8 +461,15 @@ def section_memory(runner: Runner, models: dict[str, Model]) -> dict[str, Any]:
     size = model.info["text_bytes"]
     cli_rss = statistics.median(s.maxrss for s in cand)
     base_rss = statistics.median(s.maxrss for s in base)
+    parent = own_peak_rss()
+    valid = min(s.maxrss for s in base + cand) > parent
+    if not valid:
+        log(f"memory: WARNING: a child's peak RSS does not exceed the orchestrator's "
+            f"({parent / 1e6:.0f} MB); the figures are upper bounds")
     return {
         "model": model.name,
+        "valid": valid,
+        "orchestrator_peak_rss": parent,
         "module_bytes": size,
         "bnfold_peak_rss": cli_rss,
         "bnfold_ratio": cli_rss / size,
@@ -462,8 +497,17 @@ def section_scaling(runner: Runner, models: dict[str, Model], size: str) -> dict
     if len(rows) >= 2:
         a, b = rows[-2], rows[-1]
         marginal = (b["fold_median_s"] - a["fold_median_s"]) / (b["layers"] - a["layers"])
+    # Least-squares t(N) = fixed + per_layer * N over the medians.
+    ns = [r["layers"] for r in rows]
+    ts = [r["fold_median_s"] for r in rows]
+    mean_n, mean_t = statistics.fmean(ns), statistics.fmean(ts)
+    var_n = sum((n - mean_n) ** 2 for n in ns)
+    slope = (sum((n - mean_n) * (t - mean_t) for n, t in zip(ns, ts)) / var_n
+             if var_n else 0.0)
     return {"rows": rows, "ratio": max(per_layer) / min(per_layer),
-            "marginal_per_layer_s": marginal, "target": TARGETS["scaling"]}
+            "marginal_per_layer_s": marginal,
+            "fit": {"fixed_s": mean_t - slope * mean_n, "per_layer_s": slope},
+            "target": TARGETS["scaling"]}
 
 
 def section_graph(runner: Runner, models: dict[str, Model]) -> dict[str, Any]:
@@ -597,13 +641,13 @@ def child_inference(payload: dict[str, Any]) -> dict[str, Any]:
         ref = np.asarray(run(exes["unfolded"])[0], np.float64)
         got = np.asarray(run(exes["folded"])[0], np.float64)
         rel_err = float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30))
-        # Warm-up, and an inner loop long enough (~0.2 s) for a stable sample.
+        # Warm-up, and an inner loop long enough (~0.3 s) for a stable sample.
         start = time.perf_counter()
         for _ in range(2):
             run(exes["unfolded"])
             run(exes["folded"])
         one = (time.perf_counter() - start) / 4
-        inner = max(1, min(50, round(0.2 / max(one, 1e-6))))
+        inner = max(1, min(100, math.ceil(0.3 / max(one, 1e-6))))
         samples: dict[str, list[float]] = {"unfolded": [], "folded": []}
         for _ in range(payload["repeat"]):
             for label in ("unfolded", "folded"):
@@ -617,7 +661,7 @@ def child_inference(payload: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows, "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
-CHILDREN = {"scaling": child_scaling, "graph": child_graph, "inference": child_inference}
+CHILDREN = {"generate": child_generate, "scaling": child_scaling, "graph": child_graph, "inference": child_inference}
 
 
 # --- report ----------------------------------------------------------------------
@@ -715,9 +759,11 @@ def render(data: dict[str, Any]) -> str:
                 f"{w['ratio']:.3f}x [{w['ratio_min']:.2f}–{w['ratio_max']:.2f}] | "
                 f"≤ {r['target']:.2f}x | {r['cpu']['ratio']:.3f}x | "
                 f"{_target(w['ratio'], r['target'])} |")
-        lines += ["", "Baseline: a `python -c` process that imports jaxlib, builds "
-                  "`bnfold.ir.make_context()` (without importing the bnfold pass), parses and "
-                  "prints (or reads and writes bytecode) and writes the output file."]
+        lines += ["", "Timed: `" + f["text"]["commands"]["bnfold"] + "` (and with `--emit "
+                  "bytecode` on the bytecode input). Baseline: a `python -c` process that "
+                  "imports jaxlib, builds `bnfold.ir.make_context()` (without importing the "
+                  "bnfold pass), parses and prints (or reads and writes bytecode) straight to "
+                  "the output file. CPU ratio: user + system time of the processes."]
     if "scaling" in data:
         s = data["scaling"]
         lines += ["", "## Scaling (in-process `fold_module`, parse/print excluded)", "",
@@ -729,7 +775,9 @@ def render(data: dict[str, Any]) -> str:
         lines += ["", f"Max/min per-layer time: **{s['ratio']:.2f}x** (target ≤ "
                   f"{s['target']:.1f}x: {_target(s['ratio'], s['target'])})."
                   + (f" Marginal cost between the two largest stacks: {_t(marginal)} per "
-                     f"layer." if marginal is not None else "")]
+                     f"layer." if marginal is not None else "")
+                  + f" Least-squares fit: t(N) ≈ {_t(s['fit']['fixed_s'])} + "
+                    f"{_t(s['fit']['per_layer_s'])} · N."]
     if "memory" in data:
         mem = data["memory"]
         lines += ["", f"## Memory (text → text, {mem['model']})", "",
@@ -739,7 +787,10 @@ def render(data: dict[str, Any]) -> str:
                   f"≤ {mem['target']:.1f}x | {_target(mem['bnfold_ratio'], mem['target'])} |",
                   f"| baseline (parse + print) | {_mb(mem['baseline_peak_rss'])} | "
                   f"{mem['baseline_ratio']:.2f}x | | |",
-                  "", f"Module size on disk: {_mb(mem['module_bytes'])}."]
+                  "", f"Module size on disk: {_mb(mem['module_bytes'])}. Peak RSS: ru_maxrss of "
+                  f"each child (os.wait4), median of the interleaved text → text runs."
+                  + ("" if mem["valid"] else " **WARNING: not above the orchestrating "
+                     "process's own peak RSS; these are upper bounds.**")]
     if "graph" in data:
         lines += ["", "## Graph size (ops before → after folding)", "",
                   "| model | folds | convolutions | ops | elementwise | constants |",
@@ -764,7 +815,8 @@ def render(data: dict[str, Any]) -> str:
                     f"{_t(r['candidate_median'])} | {r['ratio']:.3f}x "
                     f"[{r['ratio_min']:.2f}–{r['ratio_max']:.2f}] | {r['rel_err']:.1e} |")
         lines += ["", "No target. Each flag setting runs in its own process; each sample "
-                  "averages an inner loop of ~0.2 s."]
+                  "averages an inner loop of ≥ 0.3 s; max rel. diff compares the "
+                  "folded output with the unfolded one."]
     return "\n".join(lines) + "\n"
 
 
@@ -816,19 +868,16 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_info()
     workdir = args.workdir or Path(tempfile.gettempdir()) / "bnfold-bench"
     workdir.mkdir(parents=True, exist_ok=True)
-    sections = set(args.sections)
-    models = build_models(args.size, workdir, sections, args.regenerate)
     shm = Path("/dev/shm")
     scratch = Path(tempfile.mkdtemp(prefix="bnfold-bench-",
                                     dir=shm if shm.is_dir() and os.access(shm, os.W_OK)
                                     else workdir))
-    data: dict[str, Any] = {
-        "command": command, "size": args.size, "repeat": args.repeat,
-        "sections": args.sections, "machine": machine,
-        "models": {n: m.info for n, m in models.items()},
-    }
     runner = Runner(args.repeat, scratch)
+    data: dict[str, Any] = {"command": command, "size": args.size, "repeat": args.repeat,
+                            "sections": args.sections, "machine": machine}
     try:
+        models = build_models(runner, args.size, workdir, set(args.sections), args.regenerate)
+        data["models"] = {n: m.info for n, m in models.items()}
         for section in args.sections:
             if section == "fold":
                 data["fold"] = section_fold(runner, models)

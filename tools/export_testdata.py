@@ -58,16 +58,16 @@ Environment (its own virtualenv, e.g. /work/venv-export), versions this was run 
 (torch 2.13.0+cpu is the local CPU wheel; do not pull the multi-GB CUDA builds).
 
 torchax note: torchax 0.0.10 - 0.0.13 all fail to import with torch 2.13 because their op
-tables name two Dimname overloads torch no longer has (``aten::prod.dim_Dimname`` and
-``aten::index_copy.dimname``): ``AttributeError: The underlying op of 'aten.prod' has no
-overload name 'dim_Dimname'``. This script imports torchax with a narrow shim that hands
+tables name named-tensor overloads torch no longer has, first ``aten::prod.dim_Dimname``:
+``AttributeError: The underlying op of 'aten.prod' has no overload name 'dim_Dimname'``.
+This script imports torchax with a narrow shim that hands
 back an inert placeholder for missing named-tensor overloads (names containing ``dimname``
 or ``names``: 22 of them, e.g. ``aten::all.dimname_out``, ``aten::norm.names_out``, which
 torchax also looks up lazily, so the shim stays installed in this process). Named tensors
 are never used here, and every lookup that succeeds is untouched.
 If torchax or torch is not installed the torchax models are skipped with a message.
 
-Run time on 2 CPU cores: about 50 s for everything (most of it imports, MobileNetV2
+Run time on 2 CPU cores: about 1 minute (55-80 s) for everything (most of it imports, MobileNetV2
 and verification).
 """
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from bnfold.constants import Evaluator, map_axis_through_reshape, per_channel
 from bnfold.elements import tensor_type
-from bnfold.ir import ir
+from bnfold.ir import ir, stablehlo
 
 STEP_NAMES = (
     "stablehlo.add",
@@ -33,8 +33,12 @@ STEP_NAMES = (
     "stablehlo.divide",
     "stablehlo.negate",
     "stablehlo.reshape",
+    "stablehlo.transpose",
+    "stablehlo.convert",
     "stablehlo.batch_norm_inference",
 )
+# Steps that only move data (the channel axis may move; values do not change).
+LAYOUT = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
 # Steps that carry normalization (as opposed to a bias or a layout change).
 SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
            "stablehlo.batch_norm_inference")
@@ -64,7 +68,11 @@ def as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
     if tensor_type(op.results[0]) is None:
         return None
     operands = list(op.operands)
-    if name in ("stablehlo.negate", "stablehlo.reshape"):
+    if name == "stablehlo.convert" and \
+            ir.RankedTensorType(operands[0].type).element_type != \
+            ir.RankedTensorType(op.results[0].type).element_type:
+        return None  # a real conversion rounds: not foldable
+    if name in ("stablehlo.negate",) + LAYOUT:
         return None if evaluator.constant(operands[0]) is not None else Step(op, 0)
     if name == "stablehlo.batch_norm_inference":
         if evaluator.constant(operands[0]) is not None:
@@ -152,6 +160,12 @@ def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | str:
         if axis is None:
             return f"reshape {affine.shape} -> {after} merges or splits the feature axis"
         return replace(affine, axis=axis, shape=after)
+    if name == "stablehlo.transpose":
+        permutation = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+        after = tuple(ir.RankedTensorType(op.results[0].type).shape)
+        return replace(affine, axis=permutation.index(affine.axis), shape=after)
+    if name == "stablehlo.convert":
+        return affine  # same element type: a no-op
     if name == "stablehlo.negate":
         return replace(affine, scale=-affine.scale, shift=-affine.shift)
     if name == "stablehlo.batch_norm_inference":
@@ -210,40 +224,47 @@ class Composed:
     @property
     def normalizes(self) -> bool:
         """Worth folding: scales, or more than one additive step."""
-        names = [s.name for s in self.steps if s.name != "stablehlo.reshape"]
+        names = [s.name for s in self.steps if s.name not in LAYOUT]
         return any(n in SCALING for n in names) or len(names) >= 2
 
 
 def compose(steps: list[Step], start: Affine, evaluator: Evaluator) -> Composed:
-    affine = start
-    for i, step in enumerate(steps):
-        nxt = apply(affine, step, evaluator)
+    """Composes `steps` from `start`; stops at the first step that does not compose.
+
+    Trailing layout steps are left out of the result: they stay in the IR.
+    """
+    history = [start]
+    stop: str | None = None
+    for step in steps:
+        nxt = apply(history[-1], step, evaluator)
         if isinstance(nxt, str):
-            return Composed(_trim_reshapes(steps[:i]), _undo_trailing(affine, steps[:i]), nxt)
-        affine = nxt
-    trimmed = _trim_reshapes(steps)
-    return Composed(trimmed, affine if len(trimmed) == len(steps) else _undo_trailing(affine, steps), None)
-
-
-def _trim_reshapes(steps: list[Step]) -> list[Step]:
-    """Trailing reshapes stay in the IR: folding them gains nothing."""
-    end = len(steps)
-    while end and steps[end - 1].name == "stablehlo.reshape":
+            stop = nxt
+            break
+        history.append(nxt)
+    end = len(history) - 1
+    while end and steps[end - 1].name in LAYOUT:
         end -= 1
-    return steps[:end]
+    return Composed(steps[:end], history[end], stop)
 
 
-def _undo_trailing(affine: Affine, steps: list[Step]) -> Affine:
-    """The affine before any trailing reshapes of `steps` (shape and axis of the last kept step)."""
-    trimmed = _trim_reshapes(steps)
-    if len(trimmed) == len(steps):
-        return affine
-    if trimmed:
-        shape = tuple(ir.RankedTensorType(trimmed[-1].result.type).shape)
-    else:
-        first = steps[0]
-        shape = tuple(ir.RankedTensorType(first.op.operands[first.x_index].type).shape)
-    # Channels stay whole through every kept reshape, so find the axis again.
-    axis = map_axis_through_reshape(affine.shape, shape, affine.axis)
-    assert axis is not None
-    return replace(affine, axis=axis, shape=shape)
+def replay_layout(value: ir.Value, steps: list[Step]) -> ir.Value:
+    """Re-applies the layout steps of `steps` to `value`, at the current insertion point.
+
+    Only reshapes: one reshape to the final shape (or none if it is unchanged).
+    With transposes: each layout op again, in order.
+    """
+    layout = [s for s in steps if s.name in LAYOUT and s.name != "stablehlo.convert"]
+    if not layout:
+        return value
+    final_type = ir.RankedTensorType(layout[-1].result.type)
+    if all(s.name == "stablehlo.reshape" for s in layout):
+        if tuple(final_type.shape) == tuple(ir.RankedTensorType(value.type).shape):
+            return value
+        return stablehlo.ReshapeOp(final_type, value).result
+    for s in layout:
+        result_type = ir.RankedTensorType(s.result.type)
+        if s.name == "stablehlo.reshape":
+            value = stablehlo.ReshapeOp(result_type, value).result
+        else:
+            value = stablehlo.TransposeOp(value, s.op.attributes["permutation"]).result
+    return value

@@ -239,9 +239,8 @@ def _rewrite(producer: ir.Operation, composed: Composed, kernel_axis: producers.
             bias = stablehlo.ConstantOp(elements.dense_attr(fit.shift, result_type.element_type))
             bias_b = stablehlo.BroadcastInDimOp(result_type, bias.result, [out_axis])
             replacement = stablehlo.AddOp(result, bias_b.result).result
-        last_type = ir.RankedTensorType(last.result.type)
-        if tuple(last_type.shape) != tuple(result_type.shape):
-            replacement = stablehlo.ReshapeOp(last_type, replacement).result
+        replacement = affine.replay_layout(replacement, steps)
+    assert replacement.type == last.result.type, (replacement.type, last.result.type)
 
     params: dict[str, np.ndarray] = {"scale": fit.scale.copy(), "shift": fit.shift.copy()}
     if len(fit.gamma_beta) == 1:
@@ -264,6 +263,6 @@ def _norm_op(steps: list[Step]) -> ir.Operation:
         if s.name == "stablehlo.batch_norm_inference":
             return s.op
     for s in steps:
-        if s.name not in ("stablehlo.add", "stablehlo.reshape"):
+        if s.name != "stablehlo.add" and s.name not in affine.LAYOUT:
             return s.op
     return steps[-1].op

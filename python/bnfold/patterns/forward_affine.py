@@ -62,9 +62,9 @@ class ForwardAffine(Pattern):
         first = steps[0]
         start_shape = tuple(ir.RankedTensorType(first.op.operands[first.x_index].type).shape)
         composed = affine.compose(steps, Affine.identity(start_shape, start_axis), state.evaluator)
-        if len(composed.steps) != len(steps) or composed.affine.axis != axis_at_end:
+        if composed.stop_reason is not None:
             # Forward folding needs the whole chain up to the producer.
-            _skip(steps, composed.stop_reason or "chain ends in a reshape", state)
+            _skip(steps, composed.stop_reason, state)
             return NO_MATCH
         if not composed.normalizes:
             return NO_MATCH
@@ -125,7 +125,7 @@ def _collect(value: ir.Value, producer: ir.Operation, state: FoldState) -> list[
 
 def _drop_leading_reshapes(steps: list[Step]) -> list[Step]:
     start = 0
-    while start < len(steps) and steps[start].name == "stablehlo.reshape":
+    while start < len(steps) and steps[start].name in affine.LAYOUT:
         start += 1
     return steps[start:]
 
@@ -139,8 +139,11 @@ def _input_axis(op: ir.Operation, act_index: int) -> int | None:
 
 
 def _axis_at_start(steps: list[Step], axis: int) -> int | None:
-    """Maps the producer-input axis back through the chain's reshapes."""
+    """Maps the producer-input axis back through the chain's layout steps."""
     for step in reversed(steps):
+        if step.name == "stablehlo.transpose":
+            axis = list(ir.DenseI64ArrayAttr(step.op.attributes["permutation"]))[axis]
+            continue
         if step.name != "stablehlo.reshape":
             continue
         after = tuple(ir.RankedTensorType(step.result.type).shape)
@@ -219,6 +222,8 @@ def _rewrite(op: ir.Operation, act_index: int, steps: list[Step], composed: Comp
         k = stablehlo.ConstantOp(elements.dense_attr(new_kernel, kernel_type.element_type),
                                  loc=kernel_loc)
     op.operands[mapping.operand] = k.result
+    with ir.InsertionPoint(op), op.location:
+        start = affine.replay_layout(start, steps)
     op.operands[act_index] = start
     if bias is not None:
         values, out_axis = bias
