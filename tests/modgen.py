@@ -496,7 +496,7 @@ class Chain:
                 continue
             kind = "mul" if op in ("multiply", "divide") else "add"
             vals = self.values(kind) if vector else self.values(kind, 1)
-            style = self.const_style if vector else "scalar"
+            style = ("vec" if self.const_style == "scalar" else self.const_style) if vector else "scalar"
             name = f"c{i}"
             if style == "scalar":
                 c = self.stat(name, vals, ())
@@ -713,7 +713,7 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
         folds = None
     else:
         folds = folds_b + folds_f
-    has_post_norm = any(a.name != "reshape" for a in post_acts)
+    has_post_norm = any(a.name != "reshape" for a in post_acts[1 if case.bias else 0:])
     has_pre_norm = any(a.name != "reshape" for a in pre_acts)
     full = ((not has_post_norm or (folds_b == 1 and whole_b)) and
             (not has_pre_norm or folds_f == 1) and variant == "none" and folds is not None and
@@ -880,7 +880,7 @@ def cases(draw, direction: str = "backward", producer: str | None = None,
             pre = replace(pre, wrap=False)
     if post is not None and variant in ("wrong_axis", "nonfeature_const"):
         post = replace(post, wrap=False)
-    bias = direction != "forward" and draw(st.booleans())
+    bias = draw(st.booleans())
     return Case(dtype=draw(dtypes), producer=prod, direction=direction, post=post, pre=pre,
                 bias=bias, variant=variant, variant_pos=draw(st.integers(0, 5)), wrong_axis=other,
                 seed=draw(st.integers(0, 2**32 - 1)))

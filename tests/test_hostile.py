@@ -112,3 +112,10 @@ def test_module_without_stablehlo_is_fine():
 def test_bad_options_raise_value_error():
     with pytest.raises(ValueError, match="unknown pattern"):
         bnfold.FoldOptions(disable={"no-such-pattern"})
+
+
+def test_quantized_types_give_a_clean_error():
+    # jaxlib's bindings do not ship the quant dialect: a located parse error, not a crash.
+    text = (INPUTS / "quantized_conv.mlir").read_text()
+    with pytest.raises(bnfold.BnfoldError, match=r"q\.mlir:1:\d+: error: .*quant"):
+        bnfold.fold_text(text, source_name="q.mlir")

@@ -153,3 +153,24 @@ def test_fold_function_convenience():
     assert len(folded.report.folds) == 2
     support.numerics.check_close([np.asarray(folded(x))], [np.asarray(fn(params, x))], "f32")
     assert isinstance(folded.report, bnfold.Report)
+
+
+def test_cli_binds_arguments_by_exported_name(tmp_path):
+    """bnfold-opt --bind-params with the names jax.export records (loc("params['k']"))."""
+    from bnfold.cli import main
+
+    fn, params, x, _ = MODELS["conv_bn_nhwc"]
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    source = tmp_path / "exported.mlir"
+    source.write_text(exported.mlir_module())
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    named = {f"params{jax.tree_util.keystr(path)}": np.asarray(leaf) for path, leaf in leaves}
+    np.savez(tmp_path / "params.npz", **named)
+    out = tmp_path / "folded.mlir"
+    assert main([str(source), "-o", str(out), "-q", "--bind-params",
+                 str(tmp_path / "params.npz")]) == 0
+    folded = out.read_text()
+    assert support.signature(folded).shapes == [x.shape]
+    assert not [n for n in support.op_names(folded) if n in NORM_OPS]
+    numerics = support.numerics
+    numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(exported.call(params, x))], "f32")
