@@ -8,8 +8,7 @@
 // holds [1, 2, 3, 4].
 
 // Flax linen (NHWC): subtract the mean, multiply by rsqrt(var + eps) * gamma
-// (via reshape and broadcast_in_dim), add beta. Same statistics as the
-// 2-channel BN: scale [0.5, 6], shift [-0.5, 23].
+// (via reshape and broadcast_in_dim), add beta.
 // CHECK-LABEL: @flax_linen
 // CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf32>)
 // CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}5.000000e-01, 1.200000e+01], [1.500000e+00, 2.400000e+01]]]]>
@@ -720,4 +719,27 @@ func.func @no_fold_dense_multiply_along_batch_axis(%x: tensor<2x3xf32>) -> tenso
   %c_b = stablehlo.broadcast_in_dim %c, dims = [0] : (tensor<2xf32>) -> tensor<2x2xf32>
   %y = stablehlo.multiply %dot, %c_b : tensor<2x2xf32>
   return %y : tensor<2x2xf32>
+}
+
+// -----
+
+// Full-size (1x2x2x2) scale and shift constants that vary only along channels.
+// CHECK-LABEL: @full_size_per_channel_constants
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x2x2x2xf32>)
+// CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}5.000000e-01, 1.200000e+01], [1.500000e+00, 2.400000e+01]]]]>
+// CHECK-NEXT:    %[[CONV:.+]] = stablehlo.convolution(%[[X]], %[[K]]
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<[-5.000000e-01, 2.300000e+01]> : tensor<2xf32>
+// CHECK-NEXT:    %[[BB:.+]] = stablehlo.broadcast_in_dim %[[B]], dims = [3] : (tensor<2xf32>) -> tensor<1x2x2x2xf32>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.add %[[CONV]], %[[BB]]
+// CHECK-NEXT:    return %[[R]]
+// CHECK-NOT:     stablehlo.multiply
+// CHECK-NOT:     stablehlo.add
+func.func @full_size_per_channel_constants(%x: tensor<1x2x2x2xf32>) -> tensor<1x2x2x2xf32> {
+  %k = stablehlo.constant dense<[[[[1.0, 2.0], [3.0, 4.0]]]]> : tensor<1x1x2x2xf32>
+  %conv = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x2x2x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x2x2x2xf32>
+  %s = stablehlo.constant dense<[[[[0.5, 6.0], [0.5, 6.0]], [[0.5, 6.0], [0.5, 6.0]]]]> : tensor<1x2x2x2xf32>
+  %scaled = stablehlo.multiply %conv, %s : tensor<1x2x2x2xf32>
+  %t = stablehlo.constant dense<[[[[-0.5, 23.0], [-0.5, 23.0]], [[-0.5, 23.0], [-0.5, 23.0]]]]> : tensor<1x2x2x2xf32>
+  %y = stablehlo.add %scaled, %t : tensor<1x2x2x2xf32>
+  return %y : tensor<1x2x2x2xf32>
 }

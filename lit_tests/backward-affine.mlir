@@ -444,6 +444,50 @@ func.func @dot_general_rank3(%x: tensor<2x5x3xf32>) -> tensor<2x5x2xf32> {
 
 // -----
 
+// The constant is the dot_general's lhs: result axis 0 comes from lhs axis 0.
+// CHECK-LABEL: @dot_general_weight_is_lhs
+// CHECK-SAME:    (%[[X:.+]]: tensor<3x5xf32>)
+// CHECK-NEXT:    %[[W:.+]] = stablehlo.constant dense<{{\[\[}}5.000000e-01, 1.000000e+00, 1.500000e+00], [2.400000e+01, 3.000000e+01, 3.600000e+01]]> : tensor<2x3xf32>
+// CHECK-NEXT:    %[[DOT:.+]] = stablehlo.dot_general %[[W]], %[[X]], contracting_dims = [1] x [0]
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<[-5.000000e-01, 2.300000e+01]> : tensor<2xf32>
+// CHECK-NEXT:    %[[BB:.+]] = stablehlo.broadcast_in_dim %[[B]], dims = [0] : (tensor<2xf32>) -> tensor<2x5xf32>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.add %[[DOT]], %[[BB]] : tensor<2x5xf32>
+// CHECK-NEXT:    return %[[R]]
+func.func @dot_general_weight_is_lhs(%x: tensor<3x5xf32>) -> tensor<2x5xf32> {
+  %w = stablehlo.constant dense<[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]> : tensor<2x3xf32>
+  %dot = stablehlo.dot_general %w, %x, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x5xf32>) -> tensor<2x5xf32>
+  %g = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[0.5, -1.0]> : tensor<2xf32>
+  %m = stablehlo.constant dense<[2.0, -4.0]> : tensor<2xf32>
+  %v = stablehlo.constant dense<[3.75, 0.0]> : tensor<2xf32>
+  %bn = "stablehlo.batch_norm_inference"(%dot, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 0 : i64} : (tensor<2x5xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<2x5xf32>
+  return %bn : tensor<2x5xf32>
+}
+
+// -----
+
+// Batched dot_general: the weight's batch slices are all scaled along its last axis.
+// CHECK-LABEL: @dot_general_batching_dims
+// CHECK-SAME:    (%[[X:.+]]: tensor<2x4x3xf32>)
+// CHECK-NEXT:    %[[W:.+]] = stablehlo.constant dense<{{\[\[\[}}5.000000e-01, 1.200000e+01], [1.500000e+00, 2.400000e+01], [2.500000e+00, 3.600000e+01]], {{\[\[}}5.000000e-01, 6.000000e+00], [5.000000e-01, 6.000000e+00], [5.000000e-01, 6.000000e+00]]]> : tensor<2x3x2xf32>
+// CHECK-NEXT:    %[[DOT:.+]] = stablehlo.dot_general %[[X]], %[[W]], batching_dims = [0] x [0], contracting_dims = [2] x [1]
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<[-5.000000e-01, 2.300000e+01]> : tensor<2xf32>
+// CHECK-NEXT:    %[[BB:.+]] = stablehlo.broadcast_in_dim %[[B]], dims = [2] : (tensor<2xf32>) -> tensor<2x4x2xf32>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.add %[[DOT]], %[[BB]] : tensor<2x4x2xf32>
+// CHECK-NEXT:    return %[[R]]
+func.func @dot_general_batching_dims(%x: tensor<2x4x3xf32>) -> tensor<2x4x2xf32> {
+  %w = stablehlo.constant dense<[[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]]> : tensor<2x3x2xf32>
+  %dot = stablehlo.dot_general %x, %w, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<2x4x3xf32>, tensor<2x3x2xf32>) -> tensor<2x4x2xf32>
+  %g = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[0.5, -1.0]> : tensor<2xf32>
+  %m = stablehlo.constant dense<[2.0, -4.0]> : tensor<2xf32>
+  %v = stablehlo.constant dense<[3.75, 0.0]> : tensor<2xf32>
+  %bn = "stablehlo.batch_norm_inference"(%dot, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 2 : i64} : (tensor<2x4x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<2x4x2xf32>
+  return %bn : tensor<2x4x2xf32>
+}
+
+// -----
+
 // f16: folded in float64 and rounded once. scale = [1, 3] / sqrt([1, 0.25] + eps)
 // with eps = f32(1e-3) -> kernel [[0.9995, 11.98], [2.998, 23.95]] in f16. Doing
 // the arithmetic in f16 would give 1.0 for the first element. The epsilon
@@ -464,6 +508,31 @@ func.func @f16(%x: tensor<1x3x3x2xf16>) -> tensor<1x3x3x2xf16> {
   %b = stablehlo.constant dense<[0.5, -1.0]> : tensor<2xf16>
   %m = stablehlo.constant dense<[2.0, -4.0]> : tensor<2xf16>
   %v = stablehlo.constant dense<[1.0, 0.25]> : tensor<2xf16>
+  %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 1.000000e-03 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf16>, tensor<2xf16>, tensor<2xf16>, tensor<2xf16>, tensor<2xf16>) -> tensor<1x3x3x2xf16>
+  return %bn : tensor<1x3x3x2xf16>
+}
+
+// -----
+
+// f16, chosen so that each way of getting it wrong shows: kernel * scale in
+// float64 rounded once gives [[1.1543, 3.99219], [3.46094, 9.97656]] and shift
+// [-1.80762, 6.98438]. Rounding the scale to f16 first gives 3.46289, 9.98438
+// and -1.80859; doing everything in f16 gives 1.15332 and -1.80664.
+// CHECK-LABEL: @f16_rounded_once
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf16>)
+// CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.154300e+00, 3.992190e+00], [3.460940e+00, 9.976560e+00]]]]> : tensor<1x1x2x2xf16>
+// CHECK-NEXT:    %[[CONV:.+]] = stablehlo.convolution(%[[X]], %[[K]])
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<[-1.807620e+00, 6.984380e+00]> : tensor<2xf16>
+// CHECK-NEXT:    %[[BB:.+]] = stablehlo.broadcast_in_dim %[[B]], dims = [3] : (tensor<2xf16>) -> tensor<1x3x3x2xf16>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.add %[[CONV]], %[[BB]] : tensor<1x3x3x2xf16>
+// CHECK-NEXT:    return %[[R]]
+func.func @f16_rounded_once(%x: tensor<1x3x3x2xf16>) -> tensor<1x3x3x2xf16> {
+  %k = stablehlo.constant dense<[[[[1.0, 2.0], [3.0, 5.0]]]]> : tensor<1x1x2x2xf16>
+  %conv = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf16>, tensor<1x1x2x2xf16>) -> tensor<1x3x3x2xf16>
+  %g = stablehlo.constant dense<[1.0, 1.0]> : tensor<2xf16>
+  %b = stablehlo.constant dense<[0.5, -1.0]> : tensor<2xf16>
+  %m = stablehlo.constant dense<[2.0, -4.0]> : tensor<2xf16>
+  %v = stablehlo.constant dense<[0.75, 0.25]> : tensor<2xf16>
   %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 1.000000e-03 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf16>, tensor<2xf16>, tensor<2xf16>, tensor<2xf16>, tensor<2xf16>) -> tensor<1x3x3x2xf16>
   return %bn : tensor<1x3x3x2xf16>
 }
@@ -889,4 +958,84 @@ func.func @shared_kernel_other_conv_keeps_original(%x: tensor<1x3x3x2xf32>) -> (
   %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
   %conv2 = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x3x3x2xf32>
   return %bn, %conv2 : tensor<1x3x3x2xf32>, tensor<1x3x3x2xf32>
+}
+
+// -----
+
+// One kernel constant, two convolutions, each with its own BN (second BN:
+// scale [1, 0.75], shift [-1.5, 2]): each conv gets its own new kernel.
+// CHECK-LABEL: @two_convs_share_kernel_both_normalized
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf32>)
+// CHECK-NEXT:    %[[K1:.+]] = stablehlo.constant dense<{{\[\[\[\[}}5.000000e-01, 1.200000e+01], [1.500000e+00, 2.400000e+01]]]]>
+// CHECK-NEXT:    %[[CONV1:.+]] = stablehlo.convolution(%[[X]], %[[K1]])
+// CHECK-NEXT:    %[[K2:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.000000e+00, 1.500000e+00], [3.000000e+00, 3.000000e+00]]]]>
+// CHECK-NEXT:    %[[CONV2:.+]] = stablehlo.convolution(%[[X]], %[[K2]])
+// CHECK-NEXT:    %[[B1:.+]] = stablehlo.constant dense<[-5.000000e-01, 2.300000e+01]>
+// CHECK-NEXT:    %[[BB1:.+]] = stablehlo.broadcast_in_dim %[[B1]], dims = [3]
+// CHECK-NEXT:    %[[R1:.+]] = stablehlo.add %[[CONV1]], %[[BB1]]
+// CHECK-NEXT:    %[[B2:.+]] = stablehlo.constant dense<[-1.500000e+00, 2.000000e+00]>
+// CHECK-NEXT:    %[[BB2:.+]] = stablehlo.broadcast_in_dim %[[B2]], dims = [3]
+// CHECK-NEXT:    %[[R2:.+]] = stablehlo.add %[[CONV2]], %[[BB2]]
+// CHECK-NEXT:    return %[[R1]], %[[R2]]
+func.func @two_convs_share_kernel_both_normalized(%x: tensor<1x3x3x2xf32>) -> (tensor<1x3x3x2xf32>, tensor<1x3x3x2xf32>) {
+  %k = stablehlo.constant dense<[[[[1.0, 2.0], [3.0, 4.0]]]]> : tensor<1x1x2x2xf32>
+  %conv = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x3x3x2xf32>
+  %conv2 = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x3x3x2xf32>
+  %g = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[0.5, -1.0]> : tensor<2xf32>
+  %m = stablehlo.constant dense<[2.0, -4.0]> : tensor<2xf32>
+  %v = stablehlo.constant dense<[3.75, 0.0]> : tensor<2xf32>
+  %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %v2 = stablehlo.constant dense<[0.75, 15.75]> : tensor<2xf32>
+  %bn2 = "stablehlo.batch_norm_inference"(%conv2, %g, %b, %m, %v2) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  return %bn, %bn2 : tensor<1x3x3x2xf32>, tensor<1x3x3x2xf32>
+}
+
+// -----
+
+// var + eps < 0 in channel 1: no real scale exists.
+// CHECK-LABEL: @no_fold_negative_variance
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf32>)
+// CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.000000e+00, 2.000000e+00], [3.000000e+00, 4.000000e+00]]]]> : tensor<1x1x2x2xf32>
+// CHECK-NEXT:    %[[CONV:.+]] = stablehlo.convolution(%[[X]], %[[K]])
+// CHECK-NEXT:    %[[G:.+]] = stablehlo.constant dense<[1.000000e+00, 3.000000e+00]>
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<[5.000000e-01, -1.000000e+00]>
+// CHECK-NEXT:    %[[M:.+]] = stablehlo.constant dense<[2.000000e+00, -4.000000e+00]>
+// CHECK-NEXT:    %[[V:.+]] = stablehlo.constant dense<[3.750000e+00, -1.000000e+00]>
+// CHECK-NEXT:    %[[BN:.+]] = "stablehlo.batch_norm_inference"(%[[CONV]], %[[G]], %[[B]], %[[M]], %[[V]])
+// CHECK-NEXT:    return %[[BN]]
+func.func @no_fold_negative_variance(%x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32> {
+  %k = stablehlo.constant dense<[[[[1.0, 2.0], [3.0, 4.0]]]]> : tensor<1x1x2x2xf32>
+  %conv = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x3x3x2xf32>
+  %g = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[0.5, -1.0]> : tensor<2xf32>
+  %m = stablehlo.constant dense<[2.0, -4.0]> : tensor<2xf32>
+  %v = stablehlo.constant dense<[3.75, -1.0]> : tensor<2xf32>
+  %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  return %bn : tensor<1x3x3x2xf32>
+}
+
+// -----
+
+// feature_index 0 is the dot_general's batching dimension.
+// CHECK-LABEL: @no_fold_dot_general_batch_axis
+// CHECK-SAME:    (%[[X:.+]]: tensor<2x4x3xf32>)
+// CHECK-NEXT:    %[[W:.+]] = stablehlo.constant dense<{{\[\[\[}}1.000000e+00, 2.000000e+00], [3.000000e+00, 4.000000e+00], [5.000000e+00, 6.000000e+00]], {{\[\[}}1.000000e+00, 1.000000e+00], [1.000000e+00, 1.000000e+00], [1.000000e+00, 1.000000e+00]]]>
+// CHECK-NEXT:    %[[DOT:.+]] = stablehlo.dot_general %[[X]], %[[W]]
+// CHECK-NEXT:    %[[G:.+]] = stablehlo.constant dense<[1.000000e+00, 3.000000e+00]>
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<[5.000000e-01, -1.000000e+00]>
+// CHECK-NEXT:    %[[M:.+]] = stablehlo.constant dense<[2.000000e+00, -4.000000e+00]>
+// CHECK-NEXT:    %[[V:.+]] = stablehlo.constant dense<[3.750000e+00, 0.000000e+00]>
+// CHECK-NEXT:    %[[BN:.+]] = "stablehlo.batch_norm_inference"(%[[DOT]], %[[G]], %[[B]], %[[M]], %[[V]])
+// CHECK-SAME:      feature_index = 0 : i64
+// CHECK-NEXT:    return %[[BN]]
+func.func @no_fold_dot_general_batch_axis(%x: tensor<2x4x3xf32>) -> tensor<2x4x2xf32> {
+  %w = stablehlo.constant dense<[[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]], [[1.0, 1.0], [1.0, 1.0], [1.0, 1.0]]]> : tensor<2x3x2xf32>
+  %dot = stablehlo.dot_general %x, %w, batching_dims = [0] x [0], contracting_dims = [2] x [1] : (tensor<2x4x3xf32>, tensor<2x3x2xf32>) -> tensor<2x4x2xf32>
+  %g = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[0.5, -1.0]> : tensor<2xf32>
+  %m = stablehlo.constant dense<[2.0, -4.0]> : tensor<2xf32>
+  %v = stablehlo.constant dense<[3.75, 0.0]> : tensor<2xf32>
+  %bn = "stablehlo.batch_norm_inference"(%dot, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 0 : i64} : (tensor<2x4x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<2x4x2xf32>
+  return %bn : tensor<2x4x2xf32>
 }

@@ -624,9 +624,9 @@ def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot) -> tu
     shift = any(a.additive_shift for a in steps)
     if shift:
         if isinstance(producer, Conv) and (producer.has_positive_pad() or producer.has_lhs_dilation()):
-            return 0, True
+            return 0, scaling or bn_left
         if isinstance(producer, Dot) and (producer.weight_has_batch() or producer.weight_free() != 1):
-            return 0, True
+            return 0, scaling or bn_left
     return 1, False
 
 

@@ -27,7 +27,7 @@ from collections import Counter
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import bnfold
@@ -138,6 +138,11 @@ def check_case(case: modgen.Case) -> None:
         raise AssertionError(f"modgen produced an invalid module: {e}\n{text}") from None
     folded, report, double_add = fold_and_check_common(text)
     exp = r.expect
+    forms = "/".join(c.form for c in (case.pre, case.post) if c is not None)
+    event(f"{type(case.producer).__name__} {case.dtype} {forms} {case.variant}")
+    event(f"expected folds {exp.folds}, got {len(report.folds)}" + (" (full)" if exp.full else ""))
+    if double_add:
+        event("known bug: double add")
     detail = f"\n{report.dumps()}\n--- input\n{text}\n--- folded\n{folded}"
     if exp.folds is not None:
         assert len(report.folds) == exp.folds, f"expected {exp.folds} fold(s){detail}"

@@ -60,8 +60,21 @@ class Step:
         return self.op.results[0]
 
 
+_UNSET = object()
+
+
 def as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
-    """`op` as a chain step (activation operand + constants), or None."""
+    """`op` as a chain step (activation operand + constants), or None (memoized)."""
+    if op.name not in STEP_NAMES or len(op.results) != 1:
+        return None
+    key = op.results[0]
+    cached = evaluator.op_memo.get(key, _UNSET)
+    if cached is _UNSET:
+        cached = evaluator.op_memo[key] = _as_step(op, evaluator)
+    return cached  # type: ignore[return-value]
+
+
+def _as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
     name = op.name
     if name not in STEP_NAMES or len(op.results) != 1:
         return None

@@ -4,53 +4,60 @@ Folding orphans the old kernel constants, the broadcasts of the statistics
 and whole constant subgraphs (`call @_flip(%k)`). This removes side-effect
 free ops whose results are unused, in the functions that changed only, so
 functions without a fold stay byte-for-byte as they were.
+
+Trivially dead ops go through jaxlib's greedy driver with no patterns (its
+C++ dead-code elimination; folding, CSE and region simplification off).
+Dead calls of private side-effect-free functions, which MLIR cannot prove
+dead, are erased here, and the sweep repeats once to collect what they fed.
 """
 
 from __future__ import annotations
 
 from bnfold.constants import EVALUATED_OPS
-from bnfold.ir import ir
+from bnfold.ir import ir, rewrite
 
 _MAX_DEPTH = 16
 
 
-def remove_dead_ops(module: ir.Module, functions: set[str]) -> int:
-    """Erases unused pure ops in `functions`; returns how many."""
+def remove_dead_ops(module: ir.Module, functions: set[str]) -> None:
+    """Erases unused side-effect-free ops in `functions`."""
+    targets = [op.operation for op in module.body.operations
+               if op.operation.name == "func.func"
+               and ir.StringAttr(op.attributes["sym_name"]).value in functions]
     pure_callees = _pure_functions(module)
-    erased = 0
-    for op in module.body.operations:
-        if op.operation.name != "func.func":
-            continue
-        if ir.StringAttr(op.attributes["sym_name"]).value not in functions:
-            continue
-        for region in op.regions:
-            for block in region.blocks:
-                erased += _sweep_block(block, pure_callees)
-    return erased
+    for func in targets:
+        _erase_trivially_dead(func)
+        if pure_callees and _erase_dead_calls(func, pure_callees):
+            _erase_trivially_dead(func)
 
 
-def _sweep_block(block: ir.Block, pure_callees: set[str]) -> int:
-    erased = 0
-    # Users come after their operands in a block, so one backward sweep
-    # removes whole dead chains.
-    for op in reversed(list(block.operations)):
-        operation = op.operation
-        for region in operation.regions:
-            for inner in region.blocks:
-                erased += _sweep_block(inner, pure_callees)
-        if not _removable(operation, pure_callees):
-            continue
-        if any(True for r in operation.results for _ in r.uses):
-            continue
-        operation.erase()
-        erased += 1
-    return erased
+def _erase_trivially_dead(func: ir.Operation) -> None:
+    config = rewrite.GreedyRewriteConfig()
+    config.enable_folding = False
+    config.enable_constant_cse = False
+    config.region_simplification_level = rewrite.GreedySimplifyRegionLevel.DISABLED
+    config.max_iterations = 2
+    rewrite.apply_patterns_and_fold_greedily(func, _EMPTY_PATTERNS(), config)
 
 
-def _removable(op: ir.Operation, pure_callees: set[str]) -> bool:
-    if op.name == "func.call":
-        return ir.FlatSymbolRefAttr(op.attributes["callee"]).value in pure_callees
-    return op.name in EVALUATED_OPS and len(op.regions) == 0
+def _EMPTY_PATTERNS() -> rewrite.FrozenRewritePatternSet:  # noqa: N802 - a factory
+    return rewrite.RewritePatternSet().freeze()
+
+
+def _erase_dead_calls(func: ir.Operation, pure_callees: set[str]) -> int:
+    dead: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "func.call" and \
+                ir.FlatSymbolRefAttr(op.attributes["callee"]).value in pure_callees and \
+                not any(True for r in op.results for _ in r.uses):
+            dead.append(op)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    for op in dead:
+        op.erase()
+    return len(dead)
 
 
 def _pure_functions(module: ir.Module) -> set[str]:
@@ -62,9 +69,9 @@ def _pure_functions(module: ir.Module) -> set[str]:
         attrs = op.attributes
         if "sym_visibility" not in attrs or ir.StringAttr(attrs["sym_visibility"]).value != "private":
             continue
-        name = ir.StringAttr(attrs["sym_name"]).value
         if len(op.regions[0].blocks) != 1:
             continue
+        name = ir.StringAttr(attrs["sym_name"]).value
         bodies[name] = [o.operation for o in op.regions[0].blocks[0].operations]
     pure: set[str] = set()
     for _ in range(_MAX_DEPTH):

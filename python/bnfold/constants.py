@@ -67,6 +67,8 @@ class Evaluator:
                  depth: int = 0, functions: dict[str, ir.Operation] | None = None) -> None:
         self._module = module
         self._memo: dict[ir.Value, Result] = dict(bindings or {})
+        # Per-op memo for clients (bnfold.affine caches chain-step analysis here).
+        self.op_memo: dict[ir.Value, object] = {}
         self._depth = depth
         self._functions = functions
 
@@ -102,6 +104,7 @@ class Evaluator:
     def forget(self, value: ir.Value) -> None:
         """Drops `value` from the cache; call before erasing its op (its address may be reused)."""
         self._memo.pop(value, None)
+        self.op_memo.pop(value, None)
 
     def constant(self, value: ir.Value) -> Const | None:
         result = self.evaluate(value)
@@ -110,6 +113,10 @@ class Evaluator:
     # -- one op ---------------------------------------------------------------
 
     def _evaluate_op(self, op: ir.Operation, value: ir.Value, operands: list[ir.Value]) -> Result:
+        handler = _EVALUATORS.get(op.name)
+        if handler is None:
+            return _NOT_CONSTANT_OP.get(op.name) or _NOT_CONSTANT_OP.setdefault(
+                op.name, NotConst(f"{op.name} is not a constant operation"))
         ty = elements.tensor_type(value)
         if ty is None:
             return NotConst(f"{op.name} result has a dynamic or non-tensor type")
@@ -118,9 +125,6 @@ class Evaluator:
             return NotConst(f"element type {ty.element_type} is not supported")
         if op.name == "func.call":
             return self._evaluate_call(op, value)
-        handler = _EVALUATORS.get(op.name)
-        if handler is None:
-            return NotConst(f"{op.name} is not a constant operation")
         args: list[Const] = []
         for v in operands:
             r = self._memo[v]
@@ -174,6 +178,9 @@ class Evaluator:
         if func is None or len(func.regions[0].blocks) != 1:
             return None
         return func
+
+
+_NOT_CONSTANT_OP: dict[str, NotConst] = {}
 
 
 def _result_index(op: ir.Operation, value: ir.Value) -> int:

@@ -26,8 +26,23 @@ _FLOATS: dict[str, np.dtype] = {
 _INT_RE = re.compile(r"^(u?)i(\d+)$")
 
 
+# TypeIDs are process-wide (unlike types, which belong to a context), so they
+# are safe dictionary keys; integer widths still need the printed name.
+_FLOAT_TYPEIDS: dict[ir.TypeID, np.dtype] = {
+    ir.F16Type.static_typeid: _FLOATS["f16"],
+    ir.BF16Type.static_typeid: _FLOATS["bf16"],
+    ir.F32Type.static_typeid: _FLOATS["f32"],
+    ir.F64Type.static_typeid: _FLOATS["f64"],
+}
+
+
 def numpy_dtype(element_type: ir.Type) -> np.dtype | None:
     """The numpy dtype of an MLIR element type, or None if bnfold cannot compute with it."""
+    dtype = _FLOAT_TYPEIDS.get(element_type.typeid)
+    return dtype if dtype is not None else _numpy_dtype(element_type)
+
+
+def _numpy_dtype(element_type: ir.Type) -> np.dtype | None:
     name = str(element_type)
     if name in _FLOATS:
         return _FLOATS[name]
@@ -40,7 +55,7 @@ def numpy_dtype(element_type: ir.Type) -> np.dtype | None:
 
 
 def is_float(element_type: ir.Type) -> bool:
-    return str(element_type) in _FLOATS
+    return element_type.typeid in _FLOAT_TYPEIDS
 
 
 def tensor_type(value_or_type: ir.Value | ir.Type) -> ir.RankedTensorType | None:
