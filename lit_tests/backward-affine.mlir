@@ -859,32 +859,6 @@ func.func @no_fold_block_argument(%x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32
 
 // -----
 
-// The BN sits in a region of stablehlo.if, the conv outside it.
-// CHECK-LABEL: @no_fold_conv_in_enclosing_block
-// CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf32>, %[[P:.+]]: tensor<i1>)
-// CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.000000e+00, 2.000000e+00], [3.000000e+00, 4.000000e+00]]]]> : tensor<1x1x2x2xf32>
-// CHECK-NEXT:    %[[CONV:.+]] = stablehlo.convolution(%[[X]], %[[K]])
-// CHECK-NEXT:    "stablehlo.if"(%[[P]])
-// CHECK:         %[[BN:.+]] = "stablehlo.batch_norm_inference"(%[[CONV]],
-// CHECK-NEXT:    stablehlo.return %[[BN]]
-func.func @no_fold_conv_in_enclosing_block(%x: tensor<1x3x3x2xf32>, %p: tensor<i1>) -> tensor<1x3x3x2xf32> {
-  %k = stablehlo.constant dense<[[[[1.0, 2.0], [3.0, 4.0]]]]> : tensor<1x1x2x2xf32>
-  %conv = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x3x3x2xf32>
-  %r = "stablehlo.if"(%p) ({
-    %g = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
-    %b = stablehlo.constant dense<[0.5, -1.0]> : tensor<2xf32>
-    %m = stablehlo.constant dense<[2.0, -4.0]> : tensor<2xf32>
-    %v = stablehlo.constant dense<[3.75, 0.0]> : tensor<2xf32>
-    %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
-    stablehlo.return %bn : tensor<1x3x3x2xf32>
-  }, {
-    stablehlo.return %x : tensor<1x3x3x2xf32>
-  }) : (tensor<i1>) -> tensor<1x3x3x2xf32>
-  return %r : tensor<1x3x3x2xf32>
-}
-
-// -----
-
 // Normalizing the dot_general's lhs free axis would need the lhs (an argument) scaled.
 // CHECK-LABEL: @no_fold_dot_general_lhs_axis
 // CHECK-SAME:    (%[[X:.+]]: tensor<2x3xf32>)

@@ -199,3 +199,237 @@ def test_forward_must_not_fold_variants(case):
 @given(modgen.cases(direction="both"))
 def test_both_directions(case):
     check_case(case)
+
+
+# --- regression tests: one per historical failure class (design.md) ----------------------
+# Small modules written out in full; constants in decimal where short, hex otherwise.
+
+BN_ATTRS = "{{epsilon = {eps:.8e} : f32, feature_index = {fi} : i64}}"
+
+
+def vec(values, dt: str = "f32") -> str:
+    return f"{modgen.dense_hex(np.asarray(values), dt)} : {modgen.ttype((len(values),), dt)}"
+
+
+def tensor(array: np.ndarray, dt: str = "f32") -> str:
+    return f"{modgen.dense_hex(array, dt)} : {modgen.ttype(array.shape, dt)}"
+
+
+def bn_line(result: str, x: str, shape, stats: str, channels: int, eps: float, fi: int,
+            dt: str = "f32") -> str:
+    v = modgen.ttype((channels,), dt)
+    t = modgen.ttype(shape, dt)
+    return (f'{result} = "stablehlo.batch_norm_inference"({x}, {stats}) '
+            f"{BN_ATTRS.format(eps=eps, fi=fi)} : ({t}, {v}, {v}, {v}, {v}) -> {t}")
+
+
+def bn_stats(channels: int, seed: int, dt: str = "f32", var_scale: float = 1.0) -> tuple[str, dict]:
+    """Four constant lines %g %b %m %v and their (rounded) values."""
+    rng = np.random.default_rng(seed)
+    vals = {
+        "g": modgen.round_to(rng.uniform(0.5, 1.5, channels) * np.array([1, -1] * channels)[:channels], dt),
+        "b": modgen.round_to(rng.normal(0, 0.5, channels), dt),
+        "m": modgen.round_to(rng.normal(0, 0.5, channels), dt),
+        "v": modgen.round_to(rng.uniform(0.2, 2.0, channels) * var_scale, dt),
+    }
+    lines = "\n".join(f"    %{k} = stablehlo.constant {vec(v, dt)}" for k, v in vals.items())
+    return lines, vals
+
+
+def kernel_of(text: str, producer: str = "stablehlo.convolution", index: int = 0) -> np.ndarray:
+    """The constant kernel (operand 1) of the index-th producer in a module."""
+    from bnfold import elements
+    context, module = support.parse(text)
+    found = []
+
+    def visit(op):
+        if op.name == producer:
+            found.append(op)
+        return bir.ir.WalkResult.ADVANCE
+
+    with context:
+        module.operation.walk(visit)
+        owner = found[index].operands[1].owner
+        return np.asarray(elements.read_native(owner.attributes["value"])).astype(np.float64)
+
+
+def assert_folds_and_matches(text: str, folds: int, *, dt: str = "f32",
+                             reference: str | None = None) -> tuple[str, bnfold.Report]:
+    folded, report, double_add = fold_and_check_common(text)
+    assert not double_add
+    assert len(report.folds) == folds, report.dumps()
+    shapes = support.signature(text).shapes
+    check_numerics(text, folded, dt, shapes, 0, reference)
+    return folded, report
+
+
+def assert_unchanged_with_reason(text: str, reason_part: str) -> bnfold.Report:
+    folded, report = bnfold.fold_text(text)
+    assert folded == printed(text)
+    assert not report.folds
+    assert any(reason_part in s.reason for s in report.skipped), report.dumps()
+    return report
+
+
+def grouped_transposed_module(dt: str = "f32") -> tuple[str, np.ndarray, dict]:
+    # torch ConvTranspose2d(4, 6, 3, stride=2, groups=2): kernel [i, o, 0, 1] = 2x6x3x3.
+    rng = np.random.default_rng(1)
+    k = modgen.round_to(rng.normal(0, 0.3, (2, 6, 3, 3)), dt)
+    stats, vals = bn_stats(6, 2, dt)
+    x, y, kt = "tensor<1x4x3x3xf32>", "tensor<1x6x7x7xf32>", "tensor<2x6x3x3xf32>"
+    text = f"""module {{
+  func.func @main(%arg0: {x}) -> {y} {{
+    %k = stablehlo.constant {tensor(k)}
+    %0 = stablehlo.convolution(%arg0, %k) dim_numbers = [b, f, 0, 1]x[i, o, 0, 1]->[b, f, 0, 1], window = {{stride = [1, 1], pad = [[2, 2], [2, 2]], lhs_dilate = [2, 2], rhs_dilate = [1, 1], reverse = [true, true]}} {{batch_group_count = 1 : i64, feature_group_count = 2 : i64}} : ({x}, {kt}) -> {y}
+{stats}
+    {bn_line("%1", "%0", (1, 6, 7, 7), "%g, %b, %m, %v", 6, 1e-5, 1)}
+    return %1 : {y}
+  }}
+}}
+"""
+    return text, k, vals
+
+
+def test_regression_grouped_transposed_conv_scales_kernel_output_axis():
+    """pytorch#180995 / ultralytics#25364: the scale goes along kernel axis o (size 6),
+    not along i and not per group of 3."""
+    text, k, vals = grouped_transposed_module()
+    folded, report = assert_folds_and_matches(text, 1)
+    scale = vals["g"] / np.sqrt(vals["v"] + np.float64(np.float32(1e-5)))
+    expected = modgen.round_to(k * scale[None, :, None, None], "f32")
+    np.testing.assert_array_equal(kernel_of(folded), expected)
+
+
+SHARED_KERNEL = """module {{
+  func.func @main(%arg0: tensor<1x5x5x3xf32>) -> (tensor<1x5x5x4xf32>, tensor<1x5x5x4xf32>) {{
+    %k = stablehlo.constant {kernel}
+    %0 = stablehlo.convolution(%arg0, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{pad = [[1, 1], [1, 1]]}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<1x5x5x3xf32>, tensor<3x3x3x4xf32>) -> tensor<1x5x5x4xf32>
+    %1 = stablehlo.convolution(%arg0, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{pad = [[1, 1], [1, 1]]}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<1x5x5x3xf32>, tensor<3x3x3x4xf32>) -> tensor<1x5x5x4xf32>
+{stats}
+    {bn0}
+{second}
+  }}
+}}
+"""
+
+
+@pytest.mark.parametrize("second_bn", [False, True], ids=["one_bn", "two_bns"])
+def test_regression_shared_kernel_between_two_convs(second_bn):
+    """pytorch#197539 / TNN#808: a kernel shared by two convs must not get one conv's
+    fused weights on both paths."""
+    k = np.random.default_rng(3).normal(0, 0.3, (3, 3, 3, 4))
+    stats, vals = bn_stats(4, 4)
+    stats2, vals2 = bn_stats(4, 5)
+    stats2 = stats2.replace("%g", "%g2").replace("%b", "%b2").replace("%m", "%m2").replace("%v", "%v2")
+    y = "tensor<1x5x5x4xf32>"
+    if second_bn:
+        second = (f"{stats2}\n    {bn_line('%3', '%1', (1, 5, 5, 4), '%g2, %b2, %m2, %v2', 4, 1e-3, 3)}\n"
+                  f"    return %2, %3 : {y}, {y}")
+    else:
+        second = f"    return %2, %1 : {y}, {y}"
+    text = SHARED_KERNEL.format(kernel=tensor(k), stats=stats, second=second,
+                                bn0=bn_line("%2", "%0", (1, 5, 5, 4), "%g, %b, %m, %v", 4, 1e-5, 3))
+    folded, _ = assert_folds_and_matches(text, 2 if second_bn else 1)
+    kernels = [kernel_of(folded, index=i) for i in range(2)]
+    if not second_bn:  # the second conv keeps the original kernel
+        np.testing.assert_array_equal(kernels[1], modgen.round_to(k, "f32"))
+    assert not np.array_equal(kernels[0], kernels[1])
+
+
+PRODUCER_MULTI_USE = """module {{
+  func.func @main(%arg0: tensor<2x3xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) {{
+    %w = stablehlo.constant {w}
+    %0 = stablehlo.dot_general %arg0, %w, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+{stats}
+    {bn}
+{tail}
+  }}
+}}
+"""
+
+
+def _multi_use_module(tail: str) -> str:
+    w = np.random.default_rng(6).normal(0, 0.5, (3, 4))
+    stats, _ = bn_stats(4, 7)
+    return PRODUCER_MULTI_USE.format(w=tensor(w), stats=stats, tail=tail,
+                                     bn=bn_line("%1", "%0", (2, 4), "%g, %b, %m, %v", 4, 1e-5, 1))
+
+
+def test_regression_producer_with_two_users_is_not_folded():
+    """executorch#20601: count the producer's users, not the norm's: the dot result is
+    also returned, so scaling its weight would change that result."""
+    text = _multi_use_module("    return %1, %0 : tensor<2x4xf32>, tensor<2x4xf32>")
+    assert_unchanged_with_reason(text, "2 users")
+
+
+def test_regression_norm_with_two_users_still_folds():
+    """The other half of executorch#20601: several users of the norm's result are fine."""
+    text = _multi_use_module(
+        "    %z = stablehlo.constant dense<0.0> : tensor<2x4xf32>\n"
+        "    %2 = stablehlo.maximum %1, %z : tensor<2x4xf32>\n"
+        "    return %1, %2 : tensor<2x4xf32>, tensor<2x4xf32>")
+    assert_folds_and_matches(text, 1)
+
+
+@pytest.mark.parametrize("groups,cin,cout", [(2, 4, 6), (3, 3, 6)], ids=["grouped", "depthwise"])
+def test_regression_forward_fold_into_grouped_conv_channel_mapping(groups, cin, cout):
+    """openvino#1882 / ORT#12498: a per-channel affine before a grouped conv maps input
+    channel c to kernel input slot c % (cin/groups) of the output channels of group
+    c // (cin/groups). No padding, so the shift folds too."""
+    rng = np.random.default_rng(8)
+    k = rng.normal(0, 0.5, (2, 2, cin // groups, cout))
+    stats, _ = bn_stats(cin, 9)
+    x, y = f"tensor<1x5x5x{cin}xf32>", f"tensor<1x2x2x{cout}xf32>"
+    text = f"""module {{
+  func.func @main(%arg0: {x}) -> {y} {{
+{stats}
+    {bn_line("%0", "%arg0", (1, 5, 5, cin), "%g, %b, %m, %v", cin, 1e-5, 3)}
+    %k = stablehlo.constant {tensor(k)}
+    %1 = stablehlo.convolution(%0, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{stride = [2, 2]}} {{batch_group_count = 1 : i64, feature_group_count = {groups} : i64}} : ({x}, {modgen.ttype(k.shape, "f32")}) -> {y}
+    return %1 : {y}
+  }}
+}}
+"""
+    folded, report = assert_folds_and_matches(text, 1)
+    assert report.folds[0].direction == "forward"
+    assert "stablehlo.batch_norm_inference" not in support.op_names(folded)
+
+
+@pytest.mark.parametrize("dt", ["f16", "bf16"])
+@pytest.mark.parametrize("eps", [1e-3, 1.001e-5])
+def test_regression_low_precision_fold_reads_epsilon_from_the_attribute(dt, eps):
+    """YOLOX#1246 / tf2onnx#1104 / Paddle-Lite#9861: the folded kernel is computed in
+    float64 from the attribute's epsilon and rounded once; its dtype is unchanged; it is
+    no less accurate than the unfolded module against a float64 reference."""
+    rng = np.random.default_rng(10)
+    k = modgen.round_to(rng.normal(0, 0.3, (4, 3, 3, 3)), dt)  # [o, i, 0, 1]
+    stats, vals = bn_stats(4, 11, dt, var_scale=1e-3)  # variance ~ eps: eps matters
+
+    def module(t: str) -> str:
+        x, y = modgen.ttype((1, 3, 6, 6), t), modgen.ttype((1, 4, 6, 6), t)
+        return f"""module {{
+  func.func @main(%arg0: {x}) -> {y} {{
+    %k = stablehlo.constant {tensor(k, t)}
+    %0 = stablehlo.convolution(%arg0, %k) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {{pad = [[1, 1], [1, 1]]}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : ({x}, {modgen.ttype(k.shape, t)}) -> {y}
+{_retype_stats(vals, t)}
+    {bn_line("%1", "%0", (1, 4, 6, 6), "%g, %b, %m, %v", 4, eps, 1, t)}
+    return %1 : {y}
+  }}
+}}
+"""
+
+    text = module(dt)
+    folded, _ = assert_folds_and_matches(text, 1, dt=dt, reference=module("f64"))
+    assert "f32" not in folded and "f64" not in folded  # no dtype drift
+    eps32 = np.float64(np.float32(eps))  # the attribute is f32
+
+    def kernel_with(e):
+        return modgen.round_to(k * (vals["g"] / np.sqrt(vals["v"] + e))[:, None, None, None], dt)
+
+    np.testing.assert_array_equal(kernel_of(folded), kernel_with(eps32))
+    if eps == 1e-3:  # a hard-coded 1e-5 would give visibly different weights
+        assert not np.array_equal(kernel_with(eps32), kernel_with(1e-5))
+
+
+def _retype_stats(vals: dict, t: str) -> str:
+    return "\n".join(f"    %{k} = stablehlo.constant {vec(v, t)}" for k, v in vals.items())

@@ -94,8 +94,9 @@ def _activation_operand(op: ir.Operation, state: FoldState) -> int | None:
     """The non-constant operand: lhs for convolution, either side for dot_general."""
     if op.name == "stablehlo.convolution":
         return 0
-    lhs_const = state.evaluator.constant(op.operands[0]) is not None or \
-        _is_plain_constant(op.operands[0])
+    # Plain constants first: evaluating a large weight would copy it.
+    lhs_const = _is_plain_constant(op.operands[0]) or \
+        state.evaluator.constant(op.operands[0]) is not None
     rhs_const = _is_plain_constant(op.operands[1]) or \
         state.evaluator.constant(op.operands[1]) is not None
     if lhs_const == rhs_const:
