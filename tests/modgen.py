@@ -74,6 +74,7 @@ class Builder:
         self.lines: list[str] = []
         self.args: list[V] = []
         self.n = 0
+        self.functions: list[str] = []
 
     def fresh(self, hint: str) -> str:
         self.n += 1
@@ -124,8 +125,35 @@ class Builder:
         args = ", ".join(f"{a.name}: {ttype(a.shape, self.dt)}" for a in self.args)
         rtypes = ", ".join(ttype(r.shape, self.dt) for r in results)
         body = "\n".join(self.lines)
+        extra = "".join(self.functions)
         return (f"module @gen {{\n  func.func @main({args}) -> ({rtypes}) {{\n{body}\n"
-                f"    return {', '.join(r.name for r in results)} : {rtypes}\n  }}\n}}\n")
+                f"    return {', '.join(r.name for r in results)} : {rtypes}\n  }}\n{extra}}}\n")
+
+    def kernel(self, values: np.ndarray, style: str, rng: np.random.Generator) -> V:
+        """A constant kernel, plain or computed from a constant (as exporters write them)."""
+        shape = values.shape
+        t = ttype(shape, self.dt)
+        if style == "reshape":  # Keras depthwise kernels arrive through a reshape
+            flat = self.const(values.reshape(-1), (values.size,), "kflat")
+            return self.reshape(flat, shape)
+        if style == "transpose":
+            perm = [int(d) for d in rng.permutation(len(shape))]
+            stored = np.transpose(values, np.argsort(perm))
+            c = self.const(stored, stored.shape, "kt")
+            return self.emit("k", f"stablehlo.transpose {c.name}, dims = [{', '.join(map(str, perm))}] : "
+                                  f"({ttype(stored.shape, self.dt)}) -> {t}", shape, False)
+        if style in ("reverse", "call"):  # torchax ConvTranspose: call @_flip(%k)
+            dims = [d for d in range(len(shape)) if rng.random() < 0.5] or [0]
+            c = self.const(np.flip(values, dims), shape, "kr")
+            if style == "reverse":
+                return self.emit("k", f"stablehlo.reverse {c.name}, dims = [{', '.join(map(str, dims))}] : {t}",
+                                 shape, False)
+            self.functions.append(
+                f"  func.func private @_flip(%a: {t}) -> {t} {{\n"
+                f"    %r = stablehlo.reverse %a, dims = [{', '.join(map(str, dims))}] : {t}\n"
+                f"    return %r : {t}\n  }}\n")
+            return self.emit("k", f"func.call @_flip({c.name}) : ({t}) -> {t}", shape, False)
+        return self.const(values, shape, "k")
 
 
 # --- producers -------------------------------------------------------------------------
@@ -539,6 +567,7 @@ class Case:
     variant_pos: int  # which act / stat / axis the variant picks (modulo the choices)
     wrong_axis: int | None  # the wrong axis for "wrong_axis"/"nonfeature_const"
     seed: int
+    kernel_style: str = "const"  # "const", "reshape", "transpose", "reverse", "call"
 
 
 @dataclass
@@ -674,7 +703,7 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
     # Producer.
     kshape = p.kernel_shape()
     kernel_vals = round_to(rng.normal(0, 1 / math.sqrt(p.fan_in()), kshape), case.dtype)
-    kernel = b.const(kernel_vals, kshape, "k")
+    kernel = b.kernel(kernel_vals, case.kernel_style, rng)
     y = p.render(b, act_in, kernel)
     producer_out = y
     out_axis = p.out_axis
@@ -795,7 +824,7 @@ def dots(draw, need_other_axis: str | None = None, equal_to_channels: bool = Fal
          ) -> tuple[Dot, int | None]:
     """A dot_general with a constant weight; with need_other_axis ("in"/"out"), also an axis
     of the activation / result of size >= 2 that no fold may use (batching or activation free)."""
-    nb = draw(st.integers(0, 1))
+    nb = draw(st.integers(0, 2))
     nc = draw(st.integers(1, 2))
     na = draw(st.integers(1 if need_other_axis else 0, 2))
     nw = draw(st.integers(1, 2))
@@ -848,6 +877,7 @@ def chain_specs(draw, forms=FORMS) -> ChainSpec:
                      swap=draw(st.booleans()))
 
 
+KERNEL_STYLES = st.sampled_from(["const", "const", "const", "reshape", "transpose", "reverse", "call"])
 DTYPE_STRATEGY = st.sampled_from(["f32", "f32", "f32", "f32", "f16", "bf16"])
 NORM_FORMS = tuple(f for f in FORMS if f != "none")
 
@@ -883,4 +913,4 @@ def cases(draw, direction: str = "backward", producer: str | None = None,
     bias = draw(st.booleans())
     return Case(dtype=draw(dtypes), producer=prod, direction=direction, post=post, pre=pre,
                 bias=bias, variant=variant, variant_pos=draw(st.integers(0, 5)), wrong_axis=other,
-                seed=draw(st.integers(0, 2**32 - 1)))
+                seed=draw(st.integers(0, 2**32 - 1)), kernel_style=draw(KERNEL_STYLES))

@@ -242,22 +242,14 @@ class Composed:
 
 
 def compose(steps: list[Step], start: Affine, evaluator: Evaluator) -> Composed:
-    """Composes `steps` from `start`; stops at the first step that does not compose.
-
-    Trailing layout steps are left out of the result: they stay in the IR.
-    """
-    history = [start]
-    stop: str | None = None
-    for step in steps:
-        nxt = apply(history[-1], step, evaluator)
+    """Composes `steps` from `start`; stops at the first step that does not compose."""
+    affine = start
+    for i, step in enumerate(steps):
+        nxt = apply(affine, step, evaluator)
         if isinstance(nxt, str):
-            stop = nxt
-            break
-        history.append(nxt)
-    end = len(history) - 1
-    while end and steps[end - 1].name in LAYOUT:
-        end -= 1
-    return Composed(steps[:end], history[end], stop)
+            return Composed(steps[:i], affine, nxt)
+        affine = nxt
+    return Composed(list(steps), affine, None)
 
 
 def replay_layout(value: ir.Value, steps: list[Step]) -> ir.Value:

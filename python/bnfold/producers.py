@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bnfold import elements
+from bnfold.constants import Evaluator, NotConst
 from bnfold.ir import ir, stablehlo
 
 NAMES = ("stablehlo.convolution", "stablehlo.dot_general")
@@ -87,6 +89,32 @@ def output_kernel_axis(op: ir.Operation, result_axis: int) -> KernelAxis | str:
     if result_axis < n_batch + len(lhs_free):
         return KernelAxis(0, lhs_free[result_axis - n_batch])
     return KernelAxis(1, rhs_free[result_axis - n_batch - len(lhs_free)])
+
+
+def is_constant(value: ir.Value, evaluator: Evaluator) -> bool:
+    """Cheap for plain constants (no evaluation, no copy)."""
+    owner = value.owner
+    if isinstance(owner, ir.OpView) and owner.operation.name == "stablehlo.constant":
+        return True
+    return evaluator.constant(value) is not None
+
+
+def kernel_values(value: ir.Value, evaluator: Evaluator) -> np.ndarray | str:
+    """The kernel's elements (zero-copy for a plain constant), or why there are none.
+
+    A kernel computed from constants (a reshape, a transpose, `call @_flip`)
+    is evaluated in float64; every float kernel value is exact in float64.
+    """
+    ty = elements.tensor_type(value)
+    if ty is None or not elements.is_float(ty.element_type):
+        return f"kernel type {value.type} is not a static float tensor"
+    owner = value.owner
+    if isinstance(owner, ir.OpView) and owner.operation.name == "stablehlo.constant":
+        return elements.read_native(owner.operation.attributes["value"])
+    result = evaluator.evaluate(value)
+    if isinstance(result, NotConst):
+        return f"kernel is not constant ({result.reason})"
+    return result.full()
 
 
 def scale_along(kernel: np.ndarray, axis: int, scale: np.ndarray, dtype: np.dtype) -> np.ndarray:

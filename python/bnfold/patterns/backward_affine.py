@@ -141,7 +141,7 @@ def _best_composition(chain: Chain, state: FoldState
         if isinstance(kernel_axis, str):
             reasons.append((composed, kernel_axis))
             continue
-        if not _is_constant(producer.operands[kernel_axis.operand], state):
+        if not producers.is_constant(producer.operands[kernel_axis.operand], state.evaluator):
             which = "kernel" if producer.name == "stablehlo.convolution" else \
                 f"operand {kernel_axis.operand} of the dot_general"
             reasons.append((composed, f"the {which} (which carries axis {axis}) is not constant"))
@@ -152,7 +152,7 @@ def _best_composition(chain: Chain, state: FoldState
         _report_stop(chain, reasons, state)
         return None
     composed, kernel_axis = best
-    kernel = _kernel(producer, kernel_axis.operand, state)
+    kernel = producers.kernel_values(producer.operands[kernel_axis.operand], state.evaluator)
     if isinstance(kernel, str):
         return _refuse(chain, kernel, state)
     scale, shift = composed.affine.scale, composed.affine.shift
@@ -161,28 +161,6 @@ def _best_composition(chain: Chain, state: FoldState
     if composed.stop_reason:
         _report_stop(chain, [(composed, composed.stop_reason)], state, folded=composed)
     return composed, kernel_axis, kernel
-
-
-def _is_constant(value: ir.Value, state: FoldState) -> bool:
-    owner = defining_op(value)
-    if owner is not None and owner.name == "stablehlo.constant":
-        return True
-    return state.evaluator.constant(value) is not None
-
-
-def _kernel(producer: ir.Operation, operand: int, state: FoldState) -> np.ndarray | str:
-    value = producer.operands[operand]
-    ty = elements.tensor_type(value)
-    if ty is None or not elements.is_float(ty.element_type):
-        return f"kernel type {value.type} is not a static float tensor"
-    owner = defining_op(value)
-    if owner is not None and owner.name == "stablehlo.constant":
-        return elements.read_native(owner.attributes["value"])  # zero-copy
-    const = state.evaluator.constant(value)
-    if const is None:
-        reason = state.evaluator.evaluate(value)
-        return f"kernel is not constant ({getattr(reason, 'reason', '')})"
-    return const.full()
 
 
 def _refuse(chain: Chain, reason: str, state: FoldState) -> None:

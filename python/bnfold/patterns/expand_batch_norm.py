@@ -37,11 +37,12 @@ class ExpandBatchNorm(Pattern):
         ty = elements.tensor_type(op.results[0])
         if ty is None or not elements.is_float(ty.element_type):
             return NO_MATCH
+        # Everything about `op` is read before replace_op erases it.
+        state.changed_functions.add(function_name(op))
         replacement = expand(op, state)
         state.evaluator.forget(op.results[0])
         rewriter.replace_op(op, [replacement])
         state.report.expanded += 1
-        state.changed_functions.add(function_name(op))
         return MATCHED
 
 

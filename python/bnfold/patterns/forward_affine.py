@@ -72,9 +72,9 @@ class ForwardAffine(Pattern):
         if isinstance(mapping, str):
             _skip(steps, mapping, state)
             return NO_MATCH
-        kernel = _kernel(op, mapping.operand, state)
-        if kernel is None:
-            _skip(steps, "the producer's kernel is not constant", state)
+        kernel = producers.kernel_values(op.operands[mapping.operand], state.evaluator)
+        if isinstance(kernel, str):
+            _skip(steps, kernel, state)
             return NO_MATCH
         fit = composed.affine
         if not (np.all(np.isfinite(fit.scale)) and np.all(np.isfinite(fit.shift))):
@@ -94,19 +94,11 @@ def _activation_operand(op: ir.Operation, state: FoldState) -> int | None:
     """The non-constant operand: lhs for convolution, either side for dot_general."""
     if op.name == "stablehlo.convolution":
         return 0
-    # Plain constants first: evaluating a large weight would copy it.
-    lhs_const = _is_plain_constant(op.operands[0]) or \
-        state.evaluator.constant(op.operands[0]) is not None
-    rhs_const = _is_plain_constant(op.operands[1]) or \
-        state.evaluator.constant(op.operands[1]) is not None
+    lhs_const = producers.is_constant(op.operands[0], state.evaluator)
+    rhs_const = producers.is_constant(op.operands[1], state.evaluator)
     if lhs_const == rhs_const:
         return None
     return 1 if lhs_const else 0
-
-
-def _is_plain_constant(value: ir.Value) -> bool:
-    owner = defining_op(value)
-    return owner is not None and owner.name == "stablehlo.constant"
 
 
 def _collect(value: ir.Value, producer: ir.Operation, state: FoldState) -> list[Step]:
@@ -154,18 +146,6 @@ def _axis_at_start(steps: list[Step], axis: int) -> int | None:
             return None
         axis = mapped
     return axis
-
-
-def _kernel(op: ir.Operation, operand: int, state: FoldState) -> np.ndarray | None:
-    value = op.operands[operand]
-    ty = elements.tensor_type(value)
-    if ty is None or not elements.is_float(ty.element_type):
-        return None
-    owner = defining_op(value)
-    if owner is not None and owner.name == "stablehlo.constant":
-        return elements.read_native(owner.attributes["value"])
-    const = state.evaluator.constant(value)
-    return None if const is None else const.full()
 
 
 def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, kernel: np.ndarray,
