@@ -16,6 +16,7 @@ import sys
 import tempfile
 import time
 import traceback
+from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
@@ -153,6 +154,12 @@ def _read(path: str) -> bytes:
         raise BnfoldError(f"error: cannot read '{path}': {e.strerror}") from None
 
 
+@dataclass(frozen=True)
+class _Folded:
+    module: object
+    context: object  # owns every op and attribute of the module: keep it alive with it
+
+
 def _run(args: argparse.Namespace, name: str) -> int:
     from bnfold import ir as bir
 
@@ -169,11 +176,11 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.split_input_file:
         outputs = [_process(args, options, name, bound, report, data=chunk)
                    for chunk in _split(_read(args.input))]
-        modules = [m for m in outputs if m is not None]
-        if len(modules) != len(outputs):
+        folded = [m for m in outputs if m is not None]
+        if len(folded) != len(outputs):
             return 1
         out: bytes | Callable[[BinaryIO], None] = b"// -----\n".join(
-            bir.serialize(m, "mlir", debug_info=args.print_debuginfo) for m in modules)
+            bir.serialize(m.module, "mlir", debug_info=args.print_debuginfo) for m in folded)
     else:
         if args.input == "-":
             module = _process(args, options, name, bound, report, data=_read("-"))
@@ -183,8 +190,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
             module = _process(args, options, name, bound, report, path=args.input)
         if module is None:
             return 1
-        out = functools.partial(bir.write, module, args.emit, target_version=args.target_version,
-                                debug_info=args.print_debuginfo)
+        out = functools.partial(bir.write, module.module, args.emit,
+                                target_version=args.target_version, debug_info=args.print_debuginfo)
     _write_all(args, out, report)
     if not args.quiet:
         elapsed = time.perf_counter() - start
@@ -194,7 +201,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
 
 def _process(args: argparse.Namespace, options: FoldOptions, name: str,
              bound: dict[str, object] | None,
-             report: Report, *, data: bytes | None = None, path: str | None = None):
+             report: Report, *, data: bytes | None = None,
+             path: str | None = None) -> _Folded | None:
     """Parses, binds and folds one module; prints errors and returns None on failure."""
     from bnfold import ir as bir
 
@@ -207,15 +215,10 @@ def _process(args: argparse.Namespace, options: FoldOptions, name: str,
                 from bnfold.binding import bind_arguments
                 bind_arguments(parsed.module, bound, function=args.bind_func, source_name=name)
             report.merge(fold_module(parsed.module, options, source_name=name))
-        # Keep the context alive with the module (it owns every op and attribute).
-        _CONTEXTS.append(context)
-        return parsed.module
+        return _Folded(parsed.module, context)
     except BnfoldError as e:
         print(_prefixed(str(e)), file=sys.stderr)
         return None
-
-
-_CONTEXTS: list[object] = []
 
 
 def _split(data: bytes) -> list[bytes]:
