@@ -50,7 +50,17 @@ class FoldState:
         )
         self.report.folds.append(fold)
         self.changed_functions.add(function)
+        self._unskip(ops)
         return fold
+
+    def _unskip(self, ops: list[ir.Operation]) -> None:
+        """Drops skip entries of ops that a later pattern did fold after all."""
+        folded = {self.location(op) + "|" + op.name for op in ops}
+        if not any(k[0] in folded for k in self._skipped_keys):
+            return
+        self._skipped_keys = {k for k in self._skipped_keys if k[0] not in folded}
+        self.report.skipped = [s for s in self.report.skipped
+                               if f"{s.op}|{s.op_name}" not in folded]
 
     def record_skip(self, op: ir.Operation, reason: str) -> None:
         key = (self.location(op) + "|" + op.name, reason)

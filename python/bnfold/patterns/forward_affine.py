@@ -32,7 +32,7 @@ import numpy as np
 
 from bnfold import affine, elements, producers
 from bnfold.affine import Affine, Composed, Step
-from bnfold.constants import map_axis_through_reshape
+from bnfold.constants import map_axis_through_reshape, per_channel
 from bnfold.ir import ir, stablehlo
 from bnfold.patterns.base import MATCHED, NO_MATCH, FoldState, Pattern, defining_op
 
@@ -178,6 +178,50 @@ def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, kernel: np.n
     return bias, out_axis
 
 
+def _add_bias(op: ir.Operation, values: np.ndarray, out_axis: int, loc: ir.Location,
+              state: FoldState) -> None:
+    """Adds `values` along `out_axis` to the producer's result.
+
+    Merged into the producer's existing bias add when it has one, so the
+    output keeps the canonical single add (and folding again changes nothing).
+    """
+    result = op.results[0]
+    result_type = ir.RankedTensorType(result.type)
+    existing = _existing_bias(result, out_axis, state)
+    if existing is not None:
+        user, index, old = existing
+        with ir.InsertionPoint(user), loc:
+            const = stablehlo.ConstantOp(elements.dense_attr(old + values, result_type.element_type))
+            bcast = stablehlo.BroadcastInDimOp(result_type, const.result, [out_axis])
+        user.operands[index] = bcast.result
+        state.evaluator.forget(user.results[0])
+        return
+    with ir.InsertionPoint(op), loc:
+        const = stablehlo.ConstantOp(elements.dense_attr(values, result_type.element_type))
+        bcast = stablehlo.BroadcastInDimOp(result_type, const.result, [out_axis])
+        add = stablehlo.AddOp(result, bcast.result)
+    add.operation.move_after(op)
+    result.replace_all_uses_except(add.result, add.operation)
+
+
+def _existing_bias(result: ir.Value, out_axis: int, state: FoldState
+                   ) -> tuple[ir.Operation, int, np.ndarray] | None:
+    """The producer's sole user if it is `add(result, per-channel constant)`."""
+    user = affine.sole_user(result)
+    if user is None or user.name != "stablehlo.add":
+        return None
+    step = affine.as_step(user, state.evaluator)
+    if step is None or user.operands[step.x_index] != result:
+        return None
+    const = state.evaluator.constant(user.operands[1 - step.x_index])
+    if const is None:
+        return None
+    vector = per_channel(const, out_axis)
+    if isinstance(vector, str):
+        return None
+    return user, 1 - step.x_index, vector
+
+
 def _skip(steps: list[Step], reason: str, state: FoldState) -> None:
     for s in steps:
         if s.name in affine.SCALING:
@@ -207,15 +251,7 @@ def _rewrite(op: ir.Operation, act_index: int, steps: list[Step], composed: Comp
         start = affine.replay_layout(start, steps)
     op.operands[act_index] = start
     if bias is not None:
-        values, out_axis = bias
-        result = op.results[0]
-        result_type = ir.RankedTensorType(result.type)
-        with ir.InsertionPoint(op), norm.location:
-            const = stablehlo.ConstantOp(elements.dense_attr(values, result_type.element_type))
-            bcast = stablehlo.BroadcastInDimOp(result_type, const.result, [out_axis])
-            add = stablehlo.AddOp(result, bcast.result)
-        add.operation.move_after(op)
-        result.replace_all_uses_except(add.result, add.operation)
+        _add_bias(op, *bias, norm.location, state)
 
     params: dict[str, np.ndarray] = {"scale": fit.scale.copy(), "shift": fit.shift.copy()}
     if len(fit.gamma_beta) == 1:
