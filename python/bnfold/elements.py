@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import re
 
-import ml_dtypes
+import functools
+
 import numpy as np
 
 from bnfold.ir import ir
 
 _FLOATS: dict[str, np.dtype] = {
     "f16": np.dtype(np.float16),
-    "bf16": np.dtype(ml_dtypes.bfloat16),
     "f32": np.dtype(np.float32),
     "f64": np.dtype(np.float64),
 }
@@ -28,24 +28,39 @@ _INT_RE = re.compile(r"^(u?)i(\d+)$")
 
 # TypeIDs are process-wide (unlike types, which belong to a context), so they
 # are safe dictionary keys; integer widths still need the printed name.
-_FLOAT_TYPEIDS: dict[ir.TypeID, np.dtype] = {
+_FLOAT_TYPEIDS: dict[ir.TypeID, np.dtype | None] = {
     ir.F16Type.static_typeid: _FLOATS["f16"],
-    ir.BF16Type.static_typeid: _FLOATS["bf16"],
+    ir.BF16Type.static_typeid: None,  # ml_dtypes is imported on first use
     ir.F32Type.static_typeid: _FLOATS["f32"],
     ir.F64Type.static_typeid: _FLOATS["f64"],
 }
 
 
+@functools.cache
+def bfloat16() -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def is_bf16(dtype: np.dtype) -> bool:
+    return dtype.name == "bfloat16"
+
+
 def numpy_dtype(element_type: ir.Type) -> np.dtype | None:
     """The numpy dtype of an MLIR element type, or None if bnfold cannot compute with it."""
-    dtype = _FLOAT_TYPEIDS.get(element_type.typeid)
-    return dtype if dtype is not None else _numpy_dtype(element_type)
+    typeid = element_type.typeid
+    if typeid in _FLOAT_TYPEIDS:
+        return _FLOAT_TYPEIDS[typeid] or bfloat16()
+    return _numpy_dtype(element_type)
 
 
 def _numpy_dtype(element_type: ir.Type) -> np.dtype | None:
     name = str(element_type)
     if name in _FLOATS:
         return _FLOATS[name]
+    if name == "bf16":
+        return bfloat16()
     if name == "i1":
         return np.dtype(np.bool_)
     match = _INT_RE.match(name)
@@ -73,7 +88,7 @@ def tensor_type(value_or_type: ir.Value | ir.Type) -> ir.RankedTensorType | None
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """Floats are evaluated in float64; integers and booleans keep their type."""
-    return np.dtype(np.float64) if dtype.kind == "f" or dtype == _FLOATS["bf16"] else dtype
+    return np.dtype(np.float64) if dtype.kind == "f" or is_bf16(dtype) else dtype
 
 
 def read(attr: ir.Attribute) -> np.ndarray:
@@ -91,7 +106,7 @@ def read(attr: ir.Attribute) -> np.ndarray:
     if dense.is_splat:
         value = _splat_scalar(dense.get_splat_value(), dtype)
         return np.full((1,) * rank, value, dtype=compute_dtype(dtype))
-    array = np.asarray(dense) if dtype != _FLOATS["bf16"] else None
+    array = np.asarray(dense) if not is_bf16(dtype) else None
     if array is None or array.dtype == object or array.shape != tuple(ty.shape):
         array = _read_printed(str(dense), dtype, tuple(ty.shape))
     return array.astype(compute_dtype(dtype), copy=False)
@@ -104,7 +119,7 @@ def read_native(attr: ir.Attribute) -> np.ndarray:
     dtype = numpy_dtype(ty.element_type)
     if dtype is None:
         raise ValueError(f"unsupported element type {ty.element_type}")
-    if not dense.is_splat and dtype != _FLOATS["bf16"]:
+    if not dense.is_splat and not is_bf16(dtype):
         array = np.asarray(dense)
         if array.dtype == dtype and array.shape == tuple(ty.shape):
             return array
@@ -112,7 +127,7 @@ def read_native(attr: ir.Attribute) -> np.ndarray:
 
 
 def _splat_scalar(attr: ir.Attribute, dtype: np.dtype) -> float | int | bool:
-    if dtype.kind in "fV" or dtype == _FLOATS["bf16"]:
+    if dtype.kind == "f" or is_bf16(dtype):
         return ir.FloatAttr(attr).value
     if dtype == np.bool_:
         return bool(ir.IntegerAttr(attr).value)
@@ -145,7 +160,7 @@ def _read_printed(text: str, dtype: np.dtype, shape: tuple[int, ...]) -> np.ndar
 
 def element_type(dtype: np.dtype) -> ir.Type:
     """The MLIR float type of a numpy float dtype."""
-    if dtype == _FLOATS["bf16"]:
+    if is_bf16(dtype):
         return ir.BF16Type.get()
     return {2: ir.F16Type, 4: ir.F32Type, 8: ir.F64Type}[dtype.itemsize].get()
 
@@ -156,6 +171,6 @@ def dense_attr(array: np.ndarray, element: ir.Type) -> ir.DenseElementsAttr:
     assert dtype is not None and is_float(element)
     rounded = np.ascontiguousarray(np.asarray(array, dtype=dtype))
     ty = ir.RankedTensorType.get(list(rounded.shape), element)
-    if dtype == _FLOATS["bf16"]:
+    if is_bf16(dtype):
         return ir.DenseElementsAttr.get(rounded.view(np.uint16), type=ty)
     return ir.DenseElementsAttr.get(rounded, type=ty)

@@ -176,7 +176,7 @@ def _ops_in(module: ir.Module) -> set[str]:
 
 
 def _to_attr(array: np.ndarray) -> ir.Attribute:
-    if array.dtype.kind == "f" or array.dtype == np.dtype(elements._FLOATS["bf16"]):
+    if array.dtype.kind == "f" or elements.is_bf16(array.dtype):
         return elements.dense_attr(array, elements.element_type(array.dtype))
     return ir.DenseElementsAttr.get(np.ascontiguousarray(array))
 

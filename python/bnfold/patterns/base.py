@@ -10,7 +10,6 @@ Python patterns signal "no match" by returning a *truthy* value.
 from __future__ import annotations
 
 import abc
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -107,6 +106,8 @@ def as_callback(pattern: Pattern, state: FoldState) -> Callable[[Any, Any], bool
         try:
             matched = pattern.match_and_rewrite(op.operation, rewriter, state)
         except Exception as e:  # noqa: BLE001 - re-raised by the pipeline
+            import traceback
+
             state.error = (e, traceback.format_exc())
             return True
         return not matched
