@@ -204,7 +204,10 @@ def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | str:
 
 def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) -> Affine | str:
     feature = ir.IntegerAttr(op.attributes["feature_index"]).value
-    if feature != affine.axis:
+    # With one channel every unit axis is "the" channel axis (a reshape that
+    # adds unit axes cannot tell them apart), and all statistics are scalars.
+    one_channel = affine.channels == 1 and affine.shape[feature] == 1
+    if feature != affine.axis and not one_channel:
         return f"feature_index {feature} is not the producer's output-feature axis {affine.axis}"
     stats: dict[str, np.ndarray] = {}
     for name, value in zip(("gamma", "beta", "mean", "variance"), list(op.operands)[1:]):

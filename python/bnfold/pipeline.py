@@ -6,7 +6,9 @@ program order, no fixpoint iteration, no folding of unrelated ops):
 1. `backward-affine`  fold an affine chain into the producer before it;
 2. `forward-affine`   fold an affine chain into the producer after it
                       (a chain already folded backward is gone by then,
-                      so backward folding has priority);
+                      so backward folding has priority); if anything folded
+                      forward, `backward-affine` runs once more to merge the
+                      new bias with an additive step after it;
 3. `expand-batch-norm` (opt-in) rewrite each remaining batch_norm_inference
                       as multiply + add.
 
@@ -75,18 +77,15 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
     functions = [f for f in _functions(module)
                  if ir.StringAttr(f.attributes["sym_name"]).value not in options.skip_functions]
     with module.context, ir.Location.unknown():
-        for name in options.enabled():
-            pattern = next(p for p in PATTERNS if p.name == name)()
-            patterns = rewrite.RewritePatternSet()
-            for root in pattern.roots:
-                patterns.add(root, as_callback(pattern, state), pattern.benefit)
-            frozen = patterns.freeze()
-            for func in functions:
-                rewrite.walk_and_apply_patterns(func, frozen)
-                if state.error is not None:
-                    error, trace = state.error
-                    raise RuntimeError(f"{PASS_NAME}: internal error in pattern '{name}':\n"
-                                       f"{trace}") from error
+        for name in _schedule(options):
+            _run_pattern(name, functions, state)
+            if name == "forward-affine" and _forward_folded(state) and \
+                    "backward-affine" in options.enabled():
+                # A forward fold adds a bias after its producer; a second
+                # backward walk merges it with an additive step that follows.
+                state.absorbing = True
+                _run_pattern("backward-affine", functions, state)
+                state.absorbing = False
         if state.changed_functions:
             remove_dead_ops(module, state.changed_functions)
         try:
@@ -96,6 +95,28 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
                               f"bnfold bug):\n{format_diagnostics(e, source_name or '-')}") from None
     _record_leftover_batch_norms(functions, state)
     return state.report
+
+
+def _schedule(options: FoldOptions) -> list[str]:
+    return options.enabled()
+
+
+def _forward_folded(state: FoldState) -> bool:
+    return any(f.direction == "forward" for f in state.report.folds)
+
+
+def _run_pattern(name: str, functions: list[ir.Operation], state: FoldState) -> None:
+    pattern = next(p for p in PATTERNS if p.name == name)()
+    patterns = rewrite.RewritePatternSet()
+    for root in pattern.roots:
+        patterns.add(root, as_callback(pattern, state), pattern.benefit)
+    frozen = patterns.freeze()
+    for func in functions:
+        rewrite.walk_and_apply_patterns(func, frozen)
+        if state.error is not None:
+            error, trace = state.error
+            raise RuntimeError(f"{PASS_NAME}: internal error in pattern '{name}':\n"
+                               f"{trace}") from error
 
 
 def _functions(module: ir.Module) -> Iterable[ir.Operation]:

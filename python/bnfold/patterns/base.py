@@ -32,6 +32,7 @@ class FoldState:
     source_name: str | None = None
     error: tuple[BaseException, str] | None = None
     changed_functions: set[str] = field(default_factory=set)
+    absorbing: bool = False  # see pipeline: the backward walk after forward folds
     _skipped_keys: set[tuple[str, str]] = field(default_factory=set)
 
     def location(self, op: ir.Operation) -> str:
@@ -41,6 +42,15 @@ class FoldState:
                     direction: str, channels: int, ops: list[ir.Operation],
                     params: dict[str, Any]) -> Fold:
         function = function_name(producer)
+        if self.absorbing:
+            # Merging a forward fold's new bias with the additive step after
+            # it is part of that fold, not a normalization of its own.
+            where = self.location(producer)
+            for fold in reversed(self.report.folds):
+                if fold.producer == where and fold.direction == "forward":
+                    fold.ops.extend(op.name for op in ops)
+                    self._unskip(ops)
+                    return fold
         fold = Fold(
             id=f"fold{len(self.report.folds)}",
             producer=self.location(producer), producer_op=producer.name,
