@@ -23,7 +23,7 @@ from typing import BinaryIO
 from bnfold import __version__
 from bnfold.errors import BnfoldError
 from bnfold.pipeline import FoldOptions, fold_module
-from bnfold.patterns import PATTERNS, OPT_IN
+from bnfold.patterns import PATTERNS
 from bnfold.report import Report
 
 PROG = "bnfold-opt"
@@ -54,8 +54,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     patterns = "\n".join(
-        f"  {p.name:20s} {p.description}" + (" [opt-in]" if p.name in OPT_IN else "")
-        for p in PATTERNS)
+        f"  {p.name:20s} {p.description}" for p in PATTERNS)
     parser = _Parser(
         prog=PROG,
         description="Fold batch normalization (batch_norm_inference and the decomposed chains "
