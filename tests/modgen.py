@@ -1,9 +1,26 @@
 """Random StableHLO modules for bnfold's property tests (see test_properties.py).
 
-A `Case` is a small tree of drawn choices (producer geometry, chain form,
-variant, dtype, a value seed). `render(case, dtype)` prints it as MLIR text
-with one `func.func @main` and also says what bnfold is expected to do with it
-(`Expect`), from a model of the documented folding rules:
+A `Case` is a small tree of drawn choices; `render(case, dtype)` prints it as MLIR text
+with one `func.func @main` (constants as little-endian hex) and says what bnfold is
+expected to do with it (`Expect`). What a case can hold:
+
+* producer: `stablehlo.convolution` of rank 1-3 with independent input/kernel/output
+  layouts, feature_group_count or batch_group_count, strides, padding (negative too),
+  lhs/rhs dilation and window reversal; or `stablehlo.dot_general` with 0-2 batching
+  dims, 1-2 contracting dims and the weight on either side. The kernel is a constant,
+  or computed from one (reshape, transpose, reverse, `call @_flip`).
+* normalization (`FORMS`): `batch_norm_inference`, the decomposed chains of forms.md
+  (Flax linen/nnx, Haiku, Equinox, Keras, torchax), a lone per-channel multiply, or a
+  random affine chain (add/subtract either way/multiply/divide/negate/no-op convert
+  with per-channel, K-shaped, materialized or scalar constants); optionally wrapped in
+  a reshape or a transpose and its inverse; an optional existing bias add.
+* direction: "backward" (norm after the producer), "forward" (before it), "both", or
+  "between" (conv -> norm -> conv).
+* variant (`VARIANTS`): none, or a must-not-fold change: a constant varying along a
+  non-feature axis, a second user of the producer or of a chain value, a statistic
+  passed as an argument, the norm on a wrong axis of the same size.
+
+The expectation comes from a model of the documented folding rules:
 
 * backward: the chain after the producer folds up to the first obstacle (a
   step whose constant does not vary only along the feature axis, a step whose
@@ -25,7 +42,7 @@ every type f64).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import ml_dtypes
 import numpy as np
@@ -33,6 +50,7 @@ from hypothesis import strategies as st
 
 NP_DTYPES = {"f32": np.float32, "f16": np.float16, "bf16": ml_dtypes.bfloat16, "f64": np.float64}
 SCALING = ("multiply", "divide", "negate", "bn")
+LAYOUT = ("reshape", "transpose", "convert")
 FORMS = ("bn", "flax_linen", "flax_nnx", "haiku", "equinox", "keras", "torchax", "random",
          "scale", "none")
 VARIANTS = ("none", "nonfeature_const", "producer_multiuse", "intermediate_multiuse",
@@ -332,6 +350,7 @@ class Chain:
         self.bad_pos = bad_pos
         self.bad_index: int | None = None  # which vector-constant binary act gets a bad constant
         self.wrong = wrong  # constants vary along a wrong axis: no vector step composes
+        self.expected_scale: np.ndarray | None = None
         self.other_axis = other_axis
         self.stat_arg = stat_arg
         self.const_style = const_style
@@ -411,16 +430,29 @@ class Chain:
         if op in ("add", "multiply") and self.swap:
             x_left = not x_left
         out = self.b.binary(op, x, operand) if x_left else self.b.binary(op, operand, x)
-        if op == "subtract" and not x_left:
-            shift = True
-        else:
-            shift = op in ("add", "subtract")
-        self.acts.append(Act(op, kind, out, shift))
+        self.acts.append(Act(op, kind, out, op in ("add", "subtract")))
         return out
 
     def negate(self, x: V) -> V:
         out = self.b.unary("negate", x)
         self.acts.append(Act("negate", "step", out, False))
+        return out
+
+    def transpose(self, x: V, perm: list[int]) -> V:
+        shape = tuple(x.shape[p] for p in perm)
+        out = self.b.emit("t", f"stablehlo.transpose {x.name}, dims = [{', '.join(map(str, perm))}] : "
+                               f"({ttype(x.shape, self.b.dt)}) -> {ttype(shape, self.b.dt)}", shape, x.tainted)
+        self.acts.append(Act("transpose", "step", out, False))
+        self.shape, self.axis = shape, perm.index(self.axis)
+        if self.other_axis is not None:
+            self.other_axis = perm.index(self.other_axis)
+        return out
+
+    def convert(self, x: V) -> V:
+        """A no-op convert (same element type), as some exporters leave behind."""
+        t = ttype(x.shape, self.b.dt)
+        out = self.b.emit("cv", f"stablehlo.convert {x.name} : ({t}) -> {t}", x.shape, x.tainted)
+        self.acts.append(Act("convert", "step", out, False))
         return out
 
     def reshape(self, x: V, shape, axis: int) -> V:
@@ -439,6 +471,14 @@ class Chain:
             mean, beta = np.zeros(n), np.zeros(n)
         first = len(self.acts)
         y = self._form(form, eps, x, mean, var, gamma, beta)
+        # The composed per-channel scale, computed in float64 from the rounded constants
+        # (the batch norm's epsilon attribute is f32; decomposed chains round it to dtype).
+        if form == "bn":
+            self.expected_scale = gamma / np.sqrt(var + np.float64(np.float32(eps)))
+        elif form in ("flax_linen", "flax_nnx", "haiku", "equinox", "keras", "torchax"):
+            self.expected_scale = gamma / np.sqrt(var + round_to(np.array(eps), self.dt))
+        elif form == "scale":
+            self.expected_scale = self._scale_values
         if zero_shift:  # every additive constant is zero: the composed shift is exactly 0
             for a in self.acts[first:]:
                 a.additive_shift = False
@@ -507,20 +547,25 @@ class Chain:
             return self.act("add", y, b.reshape(self.stat("beta", beta), k))
         if form == "scale":
             self.plan(1)
-            return self.act("multiply", x, self.stat("gamma", self.values("mul")))
+            self._scale_values = self.values("mul")
+            return self.act("multiply", x, self.stat("gamma", self._scale_values))
         if form == "random":
             return self._random(x)
         raise AssertionError(form)
 
     def _random(self, x: V) -> V:
         r = self.rng
-        plan = [(str(r.choice(["add", "subtract", "subtract_r", "multiply", "divide", "negate"])),
+        plan = [(str(r.choice(["add", "subtract", "subtract_r", "multiply", "divide", "negate",
+                               "convert"])),
                  bool(r.random() < 0.75)) for _ in range(int(r.integers(1, 5)))]
-        self.plan(sum(1 for op, vector in plan if vector and op != "negate"))
+        self.plan(sum(1 for op, vector in plan if vector and op not in ("negate", "convert")))
         y = x
         for i, (op, vector) in enumerate(plan):
             if op == "negate":
                 y = self.negate(y)
+                continue
+            if op == "convert":
+                y = self.convert(y)
                 continue
             kind = "mul" if op in ("multiply", "divide") else "add"
             vals = self.values(kind) if vector else self.values(kind, 1)
@@ -550,7 +595,8 @@ class ChainSpec:
     form: str
     eps: float
     zero_shift: bool
-    wrap: bool  # reshape to [1, ...] before the chain and back after (Equinox vmap)
+    wrap: str  # "none"; "reshape": to [1, ...] before the chain and back after (Equinox vmap);
+    # "transpose": a random permutation before the chain and its inverse after
     const_style: str  # random form: "vec", "k", "full", "scalar"
     swap: bool  # activation on the right of add/multiply
 
@@ -568,6 +614,7 @@ class Case:
     wrong_axis: int | None  # the wrong axis for "wrong_axis"/"nonfeature_const"
     seed: int
     kernel_style: str = "const"  # "const", "reshape", "transpose", "reverse", "call"
+    first_in_features: int = 1  # "between": input channels of the first convolution
 
 
 @dataclass
@@ -577,7 +624,6 @@ class Expect:
     reason: bool  # a Skip must explain the missing fold
     full: bool  # every normalization folded: no rsqrt/sqrt/divide/batch norm may remain
     clean_report: bool  # folded everything: report.skipped must be empty
-    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -585,15 +631,18 @@ class Rendered:
     text: str
     arg_shapes: list[tuple[int, ...]]
     expect: Expect
+    kernel: np.ndarray  # the producer's kernel values (rounded to the case dtype)
+    kernel_axis: int  # the kernel axis that carries the output features
+    expected_scale: np.ndarray | None  # the norm after the producer, composed in float64
 
 
 def _normalizes(acts: list[Act]) -> bool:
-    names = [a.name for a in acts if a.name != "reshape"]
+    names = [a.name for a in acts if a.name not in LAYOUT]
     return any(n in SCALING for n in names) or len(names) >= 2
 
 
 def _trim(acts: list[Act]) -> list[Act]:
-    while acts and acts[-1].name == "reshape":
+    while acts and acts[-1].name in LAYOUT:
         acts = acts[:-1]
     return acts
 
@@ -618,14 +667,11 @@ def expect_backward(acts: list[Act], multi: set[int], producer_multiuse: bool) -
         if a.kind == "bad":
             break
         composed.append(a)
-    composed = _trim(composed)
     if _normalizes(composed):
-        whole = len(composed) == len(_trim(list(acts)))
-        return 1, False, whole
-    # Nothing folds: a reason is due when the obstacle sits on a chain that reaches
-    # the producer through steps (a non-step cuts the chain off from the producer).
-    reachable = [a for a in prefix]
-    return 0, any(a.name in SCALING for a in reachable) or any(a.name == "bn" for a in acts), False
+        return 1, False, len(_trim(composed)) == len(_trim(list(acts)))
+    # Nothing folds: a reason is due for a scaling op on the part of the chain that reaches
+    # the producer through steps (a non-step cuts the rest off), and for any batch norm.
+    return 0, any(a.name in SCALING for a in prefix) or any(a.name == "bn" for a in acts), False
 
 
 def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot) -> tuple[int | None, bool]:
@@ -636,7 +682,7 @@ def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot) -> tu
             break
         steps.append(acts[i])
     steps.reverse()
-    while steps and steps[0].name == "reshape":
+    while steps and steps[0].name in LAYOUT:
         steps = steps[1:]
     bn_left = any(a.name == "bn" for a in acts)
     if not steps:
@@ -646,8 +692,6 @@ def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot) -> tu
         return None, False  # two contracting dims: not handled forward (a missed fold at most)
     if any(a.kind == "bad" for a in steps):
         return 0, scaling or bn_left
-    if steps[-1].name == "reshape":
-        return None, False  # a reshape right before the producer: not folded (a missed fold at most)
     if not _normalizes(steps):
         return 0, bn_left
     shift = any(a.additive_shift for a in steps)
@@ -664,7 +708,8 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
     rng = np.random.default_rng(case.seed)
     b = Builder(dt)
     p = case.producer
-    x = b.arg(p.in_shape())
+    first = first_conv(p, case.first_in_features) if case.direction == "between" else None
+    x = b.arg(first.in_shape() if first else p.in_shape())
     results: list[V] = []
     multi_pre: set[int] = set()
     multi_post: set[int] = set()
@@ -686,15 +731,25 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
 
     def run_chain(ch: Chain, spec: ChainSpec) -> V:
         y = ch.x
-        if spec.wrap:
-            shape, axis = ch.shape, ch.axis
+        shape, axis = ch.shape, ch.axis
+        if spec.wrap == "reshape":
             y = ch.reshape(y, (1,) + shape, axis + 1)
             y = ch.build(spec.form, spec.eps, spec.zero_shift, y)
             return ch.reshape(y, shape, axis)
+        if spec.wrap == "transpose":
+            perm = [int(d) for d in rng.permutation(len(shape))]
+            y = ch.transpose(y, perm)
+            y = ch.build(spec.form, spec.eps, spec.zero_shift, y)
+            return ch.transpose(y, [int(d) for d in np.argsort(perm)])
         return ch.build(spec.form, spec.eps, spec.zero_shift, y)
 
-    active_pre = case.direction == "forward"
-    # Forward chain on %arg0.
+    active_pre = case.direction in ("forward", "between")
+    # "between": a first convolution produces the value the chain normalizes.
+    first_out = None
+    if first is not None:
+        k1 = round_to(rng.normal(0, 1 / math.sqrt(first.fan_in()), first.kernel_shape()), case.dtype)
+        x = first_out = first.render(b, x, b.const(k1, k1.shape, "k"))
+    # Forward chain on %arg0 (or on the first convolution's result).
     act_in = x
     if case.pre is not None:
         ch = make_chain(case.pre, x, p.in_axis, active_pre)
@@ -713,15 +768,17 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
         bb = b.bcast(bias, [out_axis], y.shape)
         y = b.binary("add", y, bb) if rng.random() < 0.5 else b.binary("add", bb, y)
         post_acts.append(Act("add", "step", y, True))
+    post_scale = None
     if case.post is not None:
         ch = make_chain(case.post, y, out_axis, not active_pre)
         y = run_chain(ch, case.post)
         post_acts += ch.acts
+        post_scale = ch.expected_scale
     results.append(y)
     main_acts = pre_acts if active_pre else post_acts
     main_multi = multi_pre if active_pre else multi_post
     if variant == "producer_multiuse":
-        results.append(producer_out)
+        results.append(first_out if first_out is not None else producer_out)
     elif variant == "intermediate_multiuse" and main_acts:
         limit = len(main_acts) if active_pre else len(main_acts) - 1
         if limit > 0:
@@ -731,27 +788,43 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
     text = b.module(results)
 
     # Expectations.
-    notes: list[str] = []
     folds_b, reason_b, whole_b = expect_backward(post_acts, multi_post, variant == "producer_multiuse"
                                                  and not active_pre)
     if case.pre is not None:
         folds_f, reason_f = expect_forward(pre_acts, multi_pre, p)
     else:
         folds_f, reason_f = 0, False
+    if first is not None:
+        # Backward (into the first convolution) has priority; forward only when that is
+        # impossible because the first convolution's result has another user.
+        fb, rb, _ = expect_backward(pre_acts, multi_pre, variant == "producer_multiuse")
+        if fb or variant != "producer_multiuse":
+            folds_f, reason_f = fb, rb
     if folds_f is None:
         folds = None
     else:
         folds = folds_b + folds_f
-    has_post_norm = any(a.name != "reshape" for a in post_acts[1 if case.bias else 0:])
-    has_pre_norm = any(a.name != "reshape" for a in pre_acts)
+    has_post_norm = any(a.name not in LAYOUT for a in post_acts[1 if case.bias else 0:])
+    has_pre_norm = any(a.name not in LAYOUT for a in pre_acts)
     full = ((not has_post_norm or (folds_b == 1 and whole_b)) and
-            (not has_pre_norm or folds_f == 1) and variant == "none" and folds is not None and
-            folds > 0)
+            (not has_pre_norm or folds_f == 1) and folds is not None and folds > 0 and
+            (variant == "none" or (first is not None and variant == "producer_multiuse")))
     reason = (folds_b == 0 and reason_b) or (folds_f == 0 and reason_f)
     unchanged = None if folds is None else folds == 0
     expect = Expect(folds=folds, unchanged=unchanged, reason=bool(reason), full=full,
-                    clean_report=full, notes=notes)
-    return Rendered(text, [a.shape for a in b.args], expect)
+                    clean_report=full)
+    if isinstance(p, Conv):
+        kernel_axis = p.kernel_layout.index("o")
+    else:
+        kernel_axis = next(i for i, d in enumerate(p.weight_dims) if d[0] == "w" and d[1] == p.feature)
+    return Rendered(text, [a.shape for a in b.args], expect, kernel_vals, kernel_axis, post_scale)
+
+
+def first_conv(p: Conv, in_features: int) -> Conv:
+    """A 1x1 convolution whose result has the layout and shape of `p`'s input."""
+    spatial = tuple(Spatial(s.size, 1, 1, 0, 0, 1, 1, False) for s in p.spatial)
+    return Conv(p.batch, in_features, p.in_features, 1, 1, spatial, p.in_layout, p.kernel_layout,
+                p.in_layout)
 
 
 # --- strategies ------------------------------------------------------------------------
@@ -772,6 +845,10 @@ def spatial_dims(draw, lhs_dilation_ok: bool = True) -> Spatial:
     hi = draw(st.integers(-1, 2))
     rev = draw(st.booleans())
     s = Spatial(size, window, stride, lo, hi, lhs, rhs, rev)
+    # Negative padding crops the dilated input; keep at least one real element.
+    while size - (-(lo // lhs) if lo < 0 else 0) - (-(hi // lhs) if hi < 0 else 0) < 1:
+        lo, hi = min(lo + 1, 0) if lo < 0 else lo, min(hi + 1, 0) if hi < 0 else hi
+        s = Spatial(size, window, stride, lo, hi, lhs, rhs, rev)
     # Keep the output non-empty: widen the high padding until a window fits.
     while s.out < 1:
         s = replace(s, pad_hi=s.pad_hi + 1) if s.pad_lo >= 0 or s.pad_hi < 0 else replace(s, pad_lo=s.pad_lo + 1)
@@ -868,11 +945,13 @@ def dots(draw, need_other_axis: str | None = None, equal_to_channels: bool = Fal
 
 
 @st.composite
-def chain_specs(draw, forms=FORMS) -> ChainSpec:
+def chain_specs(draw, forms=FORMS, zero_shift_ok: bool = True) -> ChainSpec:
+    """zero_shift_ok=False for variants: a zero constant varies along no axis at all."""
     form = draw(st.sampled_from(forms))
     return ChainSpec(form=form, eps=draw(st.sampled_from(EPSILONS)),
-                     zero_shift=draw(st.booleans()) if form not in ("random", "scale", "none") else False,
-                     wrap=draw(st.booleans()) if draw(st.integers(0, 3)) == 0 else False,
+                     zero_shift=(draw(st.booleans()) if zero_shift_ok and
+                                 form not in ("random", "scale", "none") else False),
+                     wrap=draw(st.sampled_from(["none", "none", "none", "none", "reshape", "transpose"])),
                      const_style=draw(st.sampled_from(["vec", "k", "full", "scalar"])),
                      swap=draw(st.booleans()))
 
@@ -887,7 +966,9 @@ def cases(draw, direction: str = "backward", producer: str | None = None,
           variants=("none",), dtypes=DTYPE_STRATEGY, forms=FORMS) -> Case:
     variant = draw(st.sampled_from(variants))
     kind = producer or draw(st.sampled_from(["conv", "conv", "dot"]))
-    side = "in" if direction == "forward" else "out"
+    if direction == "between":
+        kind = "conv"
+    side = "in" if direction in ("forward", "between") else "out"
     need = side if variant in ("wrong_axis", "nonfeature_const") else None
     equal = variant == "wrong_axis"
     if kind == "conv":
@@ -903,14 +984,17 @@ def cases(draw, direction: str = "backward", producer: str | None = None,
         forms_here = tuple(f for f in forms if f != "none")
     post = pre = None
     if direction in ("backward", "both"):
-        post = draw(chain_specs(forms_here if direction == "backward" else NORM_FORMS))
-    if direction in ("forward", "both"):
-        pre = draw(chain_specs(forms_here if direction == "forward" else NORM_FORMS))
+        post = draw(chain_specs(forms_here if direction == "backward" else NORM_FORMS,
+                                zero_shift_ok=variant == "none"))
+    if direction in ("forward", "both", "between"):
+        pre = draw(chain_specs(forms_here if direction != "both" else NORM_FORMS,
+                               zero_shift_ok=variant == "none"))
         if variant in ("wrong_axis", "nonfeature_const") or direction == "both":
-            pre = replace(pre, wrap=False)
+            pre = replace(pre, wrap="none")
     if post is not None and variant in ("wrong_axis", "nonfeature_const"):
-        post = replace(post, wrap=False)
+        post = replace(post, wrap="none")
     bias = draw(st.booleans())
     return Case(dtype=draw(dtypes), producer=prod, direction=direction, post=post, pre=pre,
                 bias=bias, variant=variant, variant_pos=draw(st.integers(0, 5)), wrong_axis=other,
-                seed=draw(st.integers(0, 2**32 - 1)), kernel_style=draw(KERNEL_STYLES))
+                seed=draw(st.integers(0, 2**32 - 1)), kernel_style=draw(KERNEL_STYLES),
+                first_in_features=draw(st.integers(1, 3)))

@@ -6,17 +6,28 @@ Every generated example is folded with `bnfold.fold_text` and must:
   * match the unfolded module on XLA CPU within `bnfold.numerics` tolerances;
   * for f16/bf16, be no less precise than the unfolded module against a float64
     reference (the same module with every type f64 and the same rounded values):
-        err(folded) <= PRECISION_SLACK * err(unfolded) + eps(dtype)
-    with errors measured like `numerics.relative_error` (max abs error / max |reference|)
-    and eps(dtype) the machine epsilon (f16 2**-10, bf16 2**-7): one ulp at the
-    output's largest magnitude;
+        err(folded) <= PRECISION_SLACK * err(unfolded) + eps(dtype) * (1 + condition)
+    with errors measured like `numerics.relative_error` (max abs error / max |reference|),
+    eps(dtype) the machine epsilon (f16 2**-10, bf16 2**-7, one ulp at the output's
+    largest magnitude) and `condition` = max(sum |K'||x| + |b|) / max |y| of the folded
+    computation (`fold_condition`, >= 1): folded weights and bias must be stored in the
+    dtype, and each rounding of them (half an ulp) is magnified by that ratio when the
+    output cancels, however carefully they are computed. A fixed slack is not enough:
+    bf16 examples with 1-3 ulps of difference occur (2-5 ulps at high condition);
+  * for fully folded backward examples: the composed scale equals the float64 one
+    computed from the rounded constants and the epsilon attribute (rtol 1e-12), and the
+    new kernel is exactly the original kernel times it, rounded once to the dtype;
   * fold exactly as the model in modgen.py predicts: the fold count, "unchanged" cases
     textually identical to the parsed-and-printed input with a reason in
     `report.skipped` where a normalization was involved, and fully folded cases with
     no rsqrt/sqrt/divide/batch_norm_inference left.
 
-Profiles (registered here, selected with BNFOLD_HYPOTHESIS_PROFILE): "ci" (default,
-`max_examples` per property test, derandomized) and "thorough" (5000 per test).
+Numerics run on XLA CPU after `desugar_negative_padding` (XLA CPU of jaxlib 0.10.2
+miscomputes some negatively padded convolutions; see test_xla_negative_padding_workaround).
+
+Profiles (registered here, selected with BNFOLD_HYPOTHESIS_PROFILE): "ci" (the default:
+100 derandomized examples per property test, 7 property tests) and "thorough" (5000
+random examples per property test).
 """
 
 from __future__ import annotations
@@ -27,7 +38,7 @@ from collections import Counter
 import ml_dtypes
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings
+from hypothesis import HealthCheck, currently_in_test_context, event, given, settings
 from hypothesis import strategies as st
 
 import bnfold
@@ -53,17 +64,8 @@ NORMALIZING_OPS = ("stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.divide",
                    "stablehlo.batch_norm_inference")
 CANONICAL_OPS = {"func.func", "func.return", "stablehlo.constant",
                  "stablehlo.convolution", "stablehlo.dot_general", "stablehlo.broadcast_in_dim",
-                 "stablehlo.add", "stablehlo.reshape"}
-
-
-# --- known bnfold bugs (each has a strict xfail regression test below) -------------------
-
-
-def known_stale_skips(report: bnfold.Report) -> list:
-    """Skips that a later forward fold made stale (test_regression_forward_bn_report_has_no_stale_skip)."""
-    folded_norms = {f.norm for f in report.folds if f.direction == "forward"}
-    return [s for s in report.skipped if s.op in folded_norms and
-            s.reason == "no convolution or dot_general produces its operand"]
+                 "stablehlo.add", "stablehlo.reshape", "stablehlo.transpose",
+                 "stablehlo.convert"}  # layout steps before a forward fold stay on the argument
 
 
 # --- the checks -------------------------------------------------------------------------
@@ -93,6 +95,59 @@ def main_op_names(text: str) -> list[str]:
     return names
 
 
+def desugar_negative_padding(text: str) -> str:
+    """An equivalent module whose convolutions have no negative padding.
+
+    XLA CPU (jaxlib 0.10.2) miscomputes some convolutions with negative padding: it
+    reads the wrong (or out-of-bounds, non-deterministic) elements, e.g. NCHW
+    4x2x2x2 with pad [[-1, 1], [0, 0]] (test_xla_negative_padding_workaround).
+    Cropping c >= 1 elements off a side of the lhs-dilated input equals slicing
+    k = ceil(c / d) elements off the input and padding k * d - c >= 0 zeros. The
+    numerics run this form of both the unfolded and the folded module.
+    """
+    from bnfold import producers
+    from bnfold.ir import stablehlo
+
+    ir = bir.ir
+    context, module = support.parse(text)
+    convs = []
+
+    def visit(op):
+        if op.name == "stablehlo.convolution" and "padding" in op.attributes and \
+                np.any(np.asarray(ir.DenseIntElementsAttr(op.attributes["padding"])) < 0):
+            convs.append(op)
+        return ir.WalkResult.ADVANCE
+
+    with context, ir.Location.unknown():
+        module.operation.walk(visit)
+        if not convs:
+            return text
+        for op in convs:
+            pad = np.asarray(ir.DenseIntElementsAttr(op.attributes["padding"])).reshape(-1, 2).copy()
+            lhs = (list(ir.DenseI64ArrayAttr(op.attributes["lhs_dilation"]))
+                   if "lhs_dilation" in op.attributes else [1] * len(pad))
+            x = op.operands[0]
+            shape = list(ir.RankedTensorType(x.type).shape)
+            starts, limits = [0] * len(shape), list(shape)
+            for i, d in enumerate(producers.conv_dims(op).input_spatial_dimensions):
+                for side in (0, 1):
+                    crop = -int(pad[i, side])
+                    if crop > 0:
+                        k = -(-crop // lhs[i])
+                        if side == 0:
+                            starts[d] = k
+                        else:
+                            limits[d] -= k
+                        pad[i, side] = k * lhs[i] - crop
+                assert limits[d] > starts[d], "negative padding crops the whole input"
+            with ir.InsertionPoint(op):
+                sliced = stablehlo.SliceOp(x, starts, limits, [1] * len(shape))
+            op.operands[0] = sliced.result
+            op.attributes["padding"] = ir.DenseIntElementsAttr.get(pad.astype(np.int64))
+        module.operation.verify()
+        return bir.serialize(module, "mlir").decode()
+
+
 def inputs_for(arg_shapes, dtype: str, seed: int) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     np_dtype = modgen.NP_DTYPES[dtype]
@@ -105,45 +160,78 @@ def inputs_for(arg_shapes, dtype: str, seed: int) -> list[np.ndarray]:
     return out
 
 
-def is_known_double_add(report: bnfold.Report, report2: bnfold.Report) -> bool:
-    """A forward fold put its bias add in front of an existing add, and the second run
-    merged the two (test_regression_forward_shift_before_bias_add_is_canonical)."""
-    return (any(f.direction == "forward" for f in report.folds) and len(report2.folds) == 1 and
-            report2.folds[0].direction == "backward" and len(report2.folds[0].ops) >= 2 and
-            all(op == "stablehlo.add" for op in report2.folds[0].ops))
-
-
-def fold_and_check_common(text: str) -> tuple[str, bnfold.Report, bool]:
-    """Folds, verifies, checks idempotence; returns (folded, report, known double-add bug)."""
+def fold_and_check_common(text: str) -> tuple[str, bnfold.Report]:
+    """Folds, checks that the output verifies and that folding it again changes nothing."""
     folded, report = bnfold.fold_text(text)
     support.parse(folded)  # parses and verifies
     again, report2 = bnfold.fold_text(folded)
-    double_add = is_known_double_add(report, report2)
-    if double_add:
-        # Known bug: check the rest of the contract on the twice-folded text.
-        third, report3 = bnfold.fold_text(again)
-        assert not report3.folds and third == again, f"not idempotent after two folds:\n{again}"
-        return folded, report, True
     assert not report2.folds, f"second fold folded again:\n{report2.dumps()}\n{folded}"
     assert again == folded, f"folding is not idempotent:\n--- once\n{folded}\n--- twice\n{again}"
-    return folded, report, False
+    return folded, report
+
+
+def with_abs_constants(text: str) -> str:
+    """The module with every constant replaced by its absolute value."""
+    from bnfold import elements
+
+    ir = bir.ir
+    context, module = support.parse(text)
+    constants = []
+
+    def visit(op):
+        if op.name == "stablehlo.constant":
+            constants.append(op)
+        return ir.WalkResult.ADVANCE
+
+    with context, ir.Location.unknown():
+        module.operation.walk(visit)
+        for op in constants:
+            ty = ir.RankedTensorType(op.results[0].type)
+            values = np.abs(np.broadcast_to(elements.read(op.attributes["value"]), tuple(ty.shape)))
+            if values.ndim == 0:  # dense_attr would make it 1-D (np.ascontiguousarray)
+                op.attributes["value"] = ir.DenseElementsAttr.get_splat(
+                    ty, ir.FloatAttr.get(ty.element_type, float(values)))
+            else:
+                op.attributes["value"] = elements.dense_attr(values, ty.element_type)
+        return bir.serialize(module, "mlir").decode()
+
+
+def fold_condition(reference_text: str, inputs: list[np.ndarray]) -> float:
+    """How much the folded computation magnifies rounding of its folded parameters:
+    max(sum |K'| |x| + |b|) / max |y|, from the float64 module folded by bnfold and
+    evaluated with absolute values of every constant and input (at least 1)."""
+    folded_ref, _ = bnfold.fold_text(reference_text)
+    xs = [np.asarray(x, dtype=np.float64) for x in inputs]
+    magnitude = numerics.run_xla(desugar_negative_padding(with_abs_constants(folded_ref)),
+                                 [np.abs(x) for x in xs])
+    values = numerics.run_xla(desugar_negative_padding(reference_text), xs)
+    return max([1.0] + [float(np.max(np.abs(m))) / max(float(np.max(np.abs(v))), 1e-300)
+                        for m, v in zip(magnitude, values)])
 
 
 def check_numerics(text: str, folded: str, dtype: str, arg_shapes, seed: int,
                    reference_text: str | None = None) -> None:
+    """Folded vs unfolded on XLA CPU; for f16/bf16 also both vs the float64 reference:
+    err(folded) <= 1.5 * err(unfolded) + eps * (1 + condition), `fold_condition`."""
     inputs = inputs_for(arg_shapes, dtype, seed)
+    text, folded = desugar_negative_padding(text), desugar_negative_padding(folded)
     expected = numerics.run_xla(text, inputs)
     actual = numerics.run_xla(folded, inputs)
     numerics.check_close(actual, expected, dtype)
-    if reference_text is not None and dtype in EPS:
-        reference = numerics.run_xla(reference_text, [x.astype(np.float64) for x in inputs])
+    if reference_text is not None and dtype in EPS and folded != text:
+        reference = numerics.run_xla(desugar_negative_padding(reference_text),
+                                     [x.astype(np.float64) for x in inputs])
+        condition = fold_condition(reference_text, inputs)
+        if currently_in_test_context():
+            event(f"fold condition {'<= 2' if condition <= 2 else '<= 10' if condition <= 10 else '> 10'}")
         for i, (a, e, r) in enumerate(zip(actual, expected, reference)):
             err_folded = numerics.relative_error(a, r)
             err_orig = numerics.relative_error(e, r)
-            bound = PRECISION_SLACK * err_orig + EPS[dtype]
+            bound = PRECISION_SLACK * err_orig + EPS[dtype] * (1 + condition)
             assert err_folded <= bound, (
                 f"output {i}: folded error vs f64 reference {err_folded:.3g} > "
-                f"{PRECISION_SLACK} * unfolded error {err_orig:.3g} + eps {EPS[dtype]:.3g}")
+                f"{PRECISION_SLACK} * unfolded error {err_orig:.3g} + eps {EPS[dtype]:.3g} * "
+                f"(1 + condition {condition:.3g})")
 
 
 def check_case(case: modgen.Case) -> None:
@@ -153,13 +241,11 @@ def check_case(case: modgen.Case) -> None:
         support.parse(text)
     except bnfold.BnfoldError as e:  # a generator bug, not a bnfold bug
         raise AssertionError(f"modgen produced an invalid module: {e}\n{text}") from None
-    folded, report, double_add = fold_and_check_common(text)
+    folded, report = fold_and_check_common(text)
     exp = r.expect
     forms = "/".join(c.form for c in (case.pre, case.post) if c is not None)
     event(f"{type(case.producer).__name__} {case.dtype} {forms} {case.variant}")
     event(f"expected folds {exp.folds}, got {len(report.folds)}" + (" (full)" if exp.full else ""))
-    if double_add:
-        event("known bug: double add")
     detail = f"\n{report.dumps()}\n--- input\n{text}\n--- folded\n{folded}"
     if exp.folds is not None:
         assert len(report.folds) == exp.folds, f"expected {exp.folds} fold(s){detail}"
@@ -173,16 +259,44 @@ def check_case(case: modgen.Case) -> None:
         names = main_op_names(folded)
         left = [n for n in names if n in NORMALIZING_OPS]
         assert not left, f"left {left}{detail}"
-        assert set(names) <= CANONICAL_OPS, f"non-canonical ops {set(names) - CANONICAL_OPS}{detail}"
         adds = Counter(names)["stablehlo.add"]
-        assert adds <= 1 or double_add, f"{adds} adds after a full fold (canonical form has one){detail}"
+        if case.direction == "between":  # each convolution keeps at most one bias add
+            assert adds <= 2, f"{adds} adds after a full fold (canonical form has one each){detail}"
+        else:  # one producer: producer(x, K') then one add(_, broadcast_in_dim(B'))
+            assert set(names) <= CANONICAL_OPS, f"non-canonical ops {set(names) - CANONICAL_OPS}{detail}"
+            assert adds <= 1, f"{adds} adds after a full fold (canonical form has one){detail}"
     if exp.clean_report:
-        stale = known_stale_skips(report)
-        assert not [s for s in report.skipped if s not in stale], f"full fold but skipped entries{detail}"
+        assert not report.skipped, f"full fold but skipped entries{detail}"
     if exp.reason and not report.folds:
         assert report.skipped, f"no reason in report.skipped{detail}"
+    if exp.full and case.direction == "backward" and len(report.folds) == 1:
+        check_folded_parameters(case, r, folded, report.folds[0])
     reference = modgen.render(case, "f64").text if case.dtype in EPS else None
     check_numerics(text, folded, case.dtype, r.arg_shapes, case.seed, reference)
+
+
+def check_folded_parameters(case: modgen.Case, r: modgen.Rendered, folded: str, fold) -> None:
+    """The composed scale is computed in float64 with the attribute's epsilon, and the new
+    kernel is the original times that scale along the output-feature axis, rounded once."""
+    scale = fold.params["scale"]
+    if r.expected_scale is not None and r.expected_scale.size == 1:
+        # One channel: the constants are uniform, so a dot_general may fold them along
+        # another free dimension of the weight; the scale is then that scalar repeated.
+        scale = np.full(1, scale[0]) if np.all(scale == scale[0]) else scale
+    if r.expected_scale is not None:
+        np.testing.assert_allclose(scale, r.expected_scale, rtol=1e-12, atol=0,
+                                   err_msg="composed scale is not the float64 one")
+    p = case.producer
+    if isinstance(p, modgen.Conv):
+        kernel = kernel_of(folded, "stablehlo.convolution")
+    else:
+        kernel = kernel_of(folded, "stablehlo.dot_general", operand=1 if p.weight_rhs else 0)
+    shape = [1] * r.kernel.ndim
+    shape[r.kernel_axis] = scale.shape[0]
+    if scale.size == 1:
+        shape = [1] * r.kernel.ndim
+    expected = modgen.round_to(r.kernel * scale.reshape(shape), case.dtype)
+    np.testing.assert_array_equal(kernel, expected, err_msg="kernel is not K * scale rounded once")
 
 
 # --- property tests ---------------------------------------------------------------------
@@ -216,6 +330,55 @@ def test_forward_must_not_fold_variants(case):
 @given(modgen.cases(direction="both"))
 def test_both_directions(case):
     check_case(case)
+
+
+@given(modgen.cases(direction="between", variants=("none", "producer_multiuse")))
+def test_norm_between_two_convolutions(case):
+    """conv -> norm -> conv: backward into the first has priority; forward into the
+    second only when the first conv's result has another user."""
+    check_case(case)
+
+
+# --- the XLA workaround itself --------------------------------------------------------------
+
+XLA_NEGATIVE_PAD = """module {
+  func.func @main(%arg0: tensor<4x2x2x2xf32>) -> tensor<4x1x1x1xf32> {
+    %k = stablehlo.constant dense<1.0> : tensor<2x1x2x2xf32>
+    %0 = stablehlo.convolution(%arg0, %k) dim_numbers = [b, f, 0, 1]x[i, o, 0, 1]->[b, f, 0, 1], window = {pad = [[-1, 1], [0, 0]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<4x2x2x2xf32>, tensor<2x1x2x2xf32>) -> tensor<4x1x1x1xf32>
+    return %0 : tensor<4x1x1x1xf32>
+  }
+}
+"""
+
+
+def test_xla_negative_padding_workaround():
+    """Row 1 of each channel, plus a zero row: 18, 50, 82, 114 for arange inputs. XLA CPU
+    of jaxlib 0.10.2 returns [60, 124, 188, garbage] for the module as written."""
+    x = np.arange(32, dtype=np.float32).reshape(4, 2, 2, 2)
+    expected = np.array([18.0, 50.0, 82.0, 114.0])
+    assert "stablehlo.slice" in desugar_negative_padding(XLA_NEGATIVE_PAD)
+    np.testing.assert_array_equal(numerics.run_xla(desugar_negative_padding(XLA_NEGATIVE_PAD), [x])[0].ravel(),
+                                  expected)
+    np.testing.assert_array_equal(numerics.interpret(XLA_NEGATIVE_PAD, [x])[0].ravel(), expected)
+
+
+@settings(max_examples=15 if PROFILE == "ci" else 200)
+@given(modgen.convs(), st.integers(0, 2**16))
+def test_desugared_convolution_matches_the_reference_interpreter(conv_and_axis, seed):
+    """XLA on the desugared module == the StableHLO reference interpreter on the original
+    (which aborts on negative padding combined with lhs_dilation: not drawn here)."""
+    conv = conv_and_axis[0]
+    if any(s.lhs_dilation > 1 and (s.pad_lo < 0 or s.pad_hi < 0) for s in conv.spatial):
+        return
+    case = modgen.Case(dtype="f32", producer=conv, direction="backward", post=None, pre=None,
+                       bias=False, variant="none", variant_pos=0, wrong_axis=None, seed=seed)
+    text = modgen.render(case).text
+    xs = inputs_for([conv.in_shape()], "f32", seed)
+    try:
+        expected = numerics.interpret(text, xs)
+    except numerics.InterpreterCrash:
+        return
+    numerics.check_close(numerics.run_xla(desugar_negative_padding(text), xs), expected, "f32")
 
 
 # --- regression tests: one per historical failure class (design.md) ----------------------
@@ -253,8 +416,9 @@ def bn_stats(channels: int, seed: int, dt: str = "f32", var_scale: float = 1.0) 
     return lines, vals
 
 
-def kernel_of(text: str, producer: str = "stablehlo.convolution", index: int = 0) -> np.ndarray:
-    """The constant kernel (operand 1) of the index-th producer in a module."""
+def kernel_of(text: str, producer: str = "stablehlo.convolution", index: int = 0,
+              operand: int = 1) -> np.ndarray:
+    """The constant kernel (operand 1, or `operand`) of the index-th producer in a module."""
     from bnfold import elements
     context, module = support.parse(text)
     found = []
@@ -266,14 +430,13 @@ def kernel_of(text: str, producer: str = "stablehlo.convolution", index: int = 0
 
     with context:
         module.operation.walk(visit)
-        owner = found[index].operands[1].owner
+        owner = found[index].operands[operand].owner
         return np.asarray(elements.read_native(owner.attributes["value"])).astype(np.float64)
 
 
 def assert_folds_and_matches(text: str, folds: int, *, dt: str = "f32",
                              reference: str | None = None) -> tuple[str, bnfold.Report]:
-    folded, report, double_add = fold_and_check_common(text)
-    assert not double_add
+    folded, report = fold_and_check_common(text)
     assert len(report.folds) == folds, report.dumps()
     shapes = support.signature(text).shapes
     check_numerics(text, folded, dt, shapes, 0, reference)
@@ -529,7 +692,7 @@ def test_regression_forward_fold_without_positive_padding(window, out, zero_shif
     assert report.folds[0].direction == "forward"
 
 
-# --- bnfold bugs found by the property tests (strict xfail until fixed) ---------------------
+# --- bnfold bugs found by the property tests ---------------------------------------------
 
 FORWARD_BEFORE_BIAS = """module {
   func.func @main(%arg0: tensor<2x3xf32>) -> tensor<2x2xf32> {
@@ -550,10 +713,10 @@ FORWARD_BEFORE_BIAS = """module {
 """
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold bug: a forward fold inserts its bias add in front "
-                   "of the producer's existing bias add; the output has two adds (not canonical) "
-                   "and folding it again merges them (not idempotent)")
 def test_regression_forward_shift_before_bias_add_is_canonical():
+    """Found by test_both_directions (fixed in acdaa46): a forward fold put its bias add in
+    front of the producer's existing bias add; two adds (not canonical), and folding the
+    output again merged them (not idempotent)."""
     folded, report = bnfold.fold_text(FORWARD_BEFORE_BIAS)
     assert len(report.folds) == 1
     check_numerics(FORWARD_BEFORE_BIAS, folded, "f32", [(2, 3)], 0)
@@ -577,11 +740,82 @@ FORWARD_BN_DENSE = """module {
 """
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold bug: a batch_norm_inference folded forward is also "
-                   "listed in report.skipped ('no convolution or dot_general produces its "
-                   "operand', recorded by backward-affine before forward-affine folded it)")
 def test_regression_forward_bn_report_has_no_stale_skip():
+    """Found by test_forward_folds (fixed in acdaa46): a batch_norm_inference folded forward
+    was also listed in report.skipped ('no convolution or dot_general produces its
+    operand', recorded by backward-affine before forward-affine folded it)."""
     folded, report = bnfold.fold_text(FORWARD_BN_DENSE)
     assert [f.direction for f in report.folds] == ["forward"]
     check_numerics(FORWARD_BN_DENSE, folded, "f32", [(2, 3)], 0)
     assert not report.skipped, report.dumps()
+
+
+ONE_CHANNEL_BN_AFTER_RESHAPE = """module {
+  func.func @main(%arg0: tensor<4x3xf32>) -> tensor<4x1x1xf32> {
+    %w = stablehlo.constant dense<[[0.5], [-1.0], [2.0]]> : tensor<3x1xf32>
+    %0 = stablehlo.dot_general %arg0, %w, contracting_dims = [1] x [0] : (tensor<4x3xf32>, tensor<3x1xf32>) -> tensor<4x1xf32>
+    %1 = stablehlo.reshape %0 : (tensor<4x1xf32>) -> tensor<4x1x1xf32>
+    %g = stablehlo.constant dense<1.5> : tensor<1xf32>
+    %b = stablehlo.constant dense<0.25> : tensor<1xf32>
+    %m = stablehlo.constant dense<-0.5> : tensor<1xf32>
+    %v = stablehlo.constant dense<2.0> : tensor<1xf32>
+    %2 = "stablehlo.batch_norm_inference"(%1, %g, %b, %m, %v) {epsilon = 1.0e-05 : f32, feature_index = 2 : i64} : (tensor<4x1x1xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>, tensor<1xf32>) -> tensor<4x1x1xf32>
+    return %2 : tensor<4x1x1xf32>
+  }
+}
+"""
+
+
+def test_regression_one_channel_bn_after_reshape_folds():
+    """Found by the property tests (fixed in 1e4030e): with one channel, a reshape that adds
+    a unit axis next to it has two candidate size-1 axes; bnfold mapped the channel to the
+    first and refused a batch_norm_inference whose feature_index is the other."""
+    folded, report = bnfold.fold_text(ONE_CHANNEL_BN_AFTER_RESHAPE)
+    check_numerics(ONE_CHANNEL_BN_AFTER_RESHAPE, folded, "f32", [(4, 3)], 0)
+    assert len(report.folds) == 1, report.dumps()
+
+
+FORWARD_THEN_LONE_ADDITIVE_STEP = """module {
+  func.func @main(%arg0: tensor<2x3xf32>) -> RESULT {
+    %s = stablehlo.constant dense<[1.5, 0.5, 2.0]> : tensor<3xf32>
+    %sb = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<3xf32>) -> tensor<2x3xf32>
+    %t = stablehlo.constant dense<[0.25, -1.0, 0.5]> : tensor<3xf32>
+    %tb = stablehlo.broadcast_in_dim %t, dims = [1] : (tensor<3xf32>) -> tensor<2x3xf32>
+    %0 = stablehlo.multiply %arg0, %sb : tensor<2x3xf32>
+    %1 = stablehlo.add %0, %tb : tensor<2x3xf32>
+    %w = stablehlo.constant dense<[[1.0, -1.0], [0.5, 2.0], [-0.5, 1.0]]> : tensor<3x2xf32>
+    %2 = stablehlo.dot_general %1, %w, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x2xf32>) -> tensor<2x2xf32>
+    %c = stablehlo.constant dense<[0.125, 0.25]> : tensor<2xf32>
+TAIL
+  }
+}
+"""
+LONE_ADDITIVE_TAILS = {
+    "subtract": ("tensor<2x2xf32>", """\
+    %cb = stablehlo.broadcast_in_dim %c, dims = [1] : (tensor<2xf32>) -> tensor<2x2xf32>
+    %3 = stablehlo.subtract %2, %cb : tensor<2x2xf32>
+    return %3 : tensor<2x2xf32>"""),
+    "subtract_from_constant": ("tensor<2x2xf32>", """\
+    %cb = stablehlo.broadcast_in_dim %c, dims = [1] : (tensor<2xf32>) -> tensor<2x2xf32>
+    %3 = stablehlo.subtract %cb, %2 : tensor<2x2xf32>
+    return %3 : tensor<2x2xf32>"""),
+    "add_after_reshape": ("tensor<2x1x2xf32>", """\
+    %r = stablehlo.reshape %2 : (tensor<2x2xf32>) -> tensor<2x1x2xf32>
+    %cb = stablehlo.broadcast_in_dim %c, dims = [2] : (tensor<2xf32>) -> tensor<2x1x2xf32>
+    %3 = stablehlo.add %r, %cb : tensor<2x1x2xf32>
+    return %3 : tensor<2x1x2xf32>"""),
+}
+
+
+@pytest.mark.parametrize("tail", list(LONE_ADDITIVE_TAILS))
+def test_regression_forward_bias_before_single_additive_step(tail):
+    """Found by test_both_directions (fixed in 1e4030e): a forward fold's new bias add was
+    only merged into a following add(producer, c); before a lone subtract, or an add
+    behind a reshape, it stayed separate and folding the output again folded the two."""
+    result, lines = LONE_ADDITIVE_TAILS[tail]
+    text = FORWARD_THEN_LONE_ADDITIVE_STEP.replace("RESULT", result).replace("TAIL", lines)
+    folded, report = bnfold.fold_text(text)
+    assert [f.direction for f in report.folds] == ["forward"]
+    check_numerics(text, folded, "f32", [(2, 3)], 0)
+    again, report2 = bnfold.fold_text(folded)
+    assert not report2.folds and again == folded, report2.dumps()
