@@ -200,7 +200,10 @@ def _add_bias(op: ir.Operation, values: np.ndarray, out_axis: int, loc: ir.Locat
         const = stablehlo.ConstantOp(elements.dense_attr(values, result_type.element_type))
         bcast = stablehlo.BroadcastInDimOp(result_type, const.result, [out_axis])
         add = stablehlo.AddOp(result, bcast.result)
-    add.operation.move_after(op)
+    # Canonical order after the producer: constant, broadcast, add.
+    const.operation.move_after(op)
+    bcast.operation.move_after(const.operation)
+    add.operation.move_after(bcast.operation)
     result.replace_all_uses_except(add.result, add.operation)
 
 

@@ -1,0 +1,105 @@
+// RUN: %bnfold-opt --split-input-file %s | %filecheck %s
+
+// Scale [2, 4] and shift [1, 3] before a 1x1 convolution without padding:
+// K' = K * s along i, bias = sum over window and inputs of K * t = [2, 2].
+
+// CHECK-LABEL: @forward_scale_and_shift_without_padding
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf32>)
+// CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.000000e+00, 1.000000e+00], [2.000000e+00, 2.000000e+00]]]]> : tensor<1x1x2x2xf32>
+// CHECK-NEXT:    %[[C:.+]] = stablehlo.convolution(%[[X]], %[[K]])
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<2.000000e+00> : tensor<2xf32>
+// CHECK-NEXT:    %[[BB:.+]] = stablehlo.broadcast_in_dim %[[B]], dims = [3]
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.add %[[C]], %[[BB]]
+// CHECK-NEXT:    return %[[R]]
+func.func @forward_scale_and_shift_without_padding(%x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32> {
+  %k = stablehlo.constant dense<0.5> : tensor<1x1x2x2xf32>
+  %s = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %t = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %tb = stablehlo.broadcast_in_dim %t, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %m = stablehlo.multiply %x, %sb : tensor<1x3x3x2xf32>
+  %a = stablehlo.add %m, %tb : tensor<1x3x3x2xf32>
+  %c = stablehlo.convolution(%a, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {pad = [[0, 0], [0, 0]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x3x3x2xf32>
+  return %c : tensor<1x3x3x2xf32>
+}
+
+// -----
+
+// Zero padding would see the shift where the original saw zeros: no fold.
+
+// CHECK-LABEL: @forward_shift_through_padding_is_not_folded
+// CHECK:         %[[M:.+]] = stablehlo.multiply
+// CHECK:         %[[A:.+]] = stablehlo.add %[[M]]
+// CHECK:         stablehlo.convolution(%[[A]],
+// CHECK-SAME:      pad = {{\[\[}}1, 1], [1, 1]]
+func.func @forward_shift_through_padding_is_not_folded(%x: tensor<1x3x3x2xf32>) -> tensor<1x5x5x2xf32> {
+  %k = stablehlo.constant dense<0.5> : tensor<1x1x2x2xf32>
+  %s = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %t = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %tb = stablehlo.broadcast_in_dim %t, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %m = stablehlo.multiply %x, %sb : tensor<1x3x3x2xf32>
+  %a = stablehlo.add %m, %tb : tensor<1x3x3x2xf32>
+  %c = stablehlo.convolution(%a, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x5x5x2xf32>
+  return %c : tensor<1x5x5x2xf32>
+}
+
+// -----
+
+// A scale alone folds through padding (0 * s = 0).
+
+// CHECK-LABEL: @forward_scale_through_padding
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf32>)
+// CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.000000e+00, 1.000000e+00], [2.000000e+00, 2.000000e+00]]]]>
+// CHECK-NEXT:    %[[C:.+]] = stablehlo.convolution(%[[X]], %[[K]])
+// CHECK-NEXT:    return %[[C]]
+func.func @forward_scale_through_padding(%x: tensor<1x3x3x2xf32>) -> tensor<1x5x5x2xf32> {
+  %k = stablehlo.constant dense<0.5> : tensor<1x1x2x2xf32>
+  %s = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %m = stablehlo.multiply %x, %sb : tensor<1x3x3x2xf32>
+  %c = stablehlo.convolution(%m, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x5x5x2xf32>
+  return %c : tensor<1x5x5x2xf32>
+}
+
+// -----
+
+// Dense: the scale goes along the contracting dimension of the weight and the
+// shift becomes a bias over its free dimension: W' rows [1, 1, 1], [2, 2, 2]; b = 2.
+
+// CHECK-LABEL: @forward_into_dense
+// CHECK-SAME:    (%[[X:.+]]: tensor<4x2xf32>)
+// CHECK-NEXT:    %[[W:.+]] = stablehlo.constant dense<{{\[\[}}1.000000e+00, 1.000000e+00, 1.000000e+00], [2.000000e+00, 2.000000e+00, 2.000000e+00]]>
+// CHECK-NEXT:    %[[D:.+]] = stablehlo.dot_general %[[X]], %[[W]]
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<2.000000e+00> : tensor<3xf32>
+// CHECK-NEXT:    %[[BB:.+]] = stablehlo.broadcast_in_dim %[[B]], dims = [1]
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.add %[[D]], %[[BB]]
+// CHECK-NEXT:    return %[[R]]
+func.func @forward_into_dense(%x: tensor<4x2xf32>) -> tensor<4x3xf32> {
+  %w = stablehlo.constant dense<0.5> : tensor<2x3xf32>
+  %s = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %t = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %tb = stablehlo.broadcast_in_dim %t, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %m = stablehlo.multiply %x, %sb : tensor<4x2xf32>
+  %a = stablehlo.add %m, %tb : tensor<4x2xf32>
+  %d = stablehlo.dot_general %a, %w, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
+  return %d : tensor<4x3xf32>
+}
+
+// -----
+
+// The normalized value has a second user: the chain must stay.
+
+// CHECK-LABEL: @forward_chain_with_second_user_is_not_folded
+// CHECK:         %[[M:.+]] = stablehlo.multiply
+// CHECK:         stablehlo.dot_general %[[M]],
+// CHECK:         return
+func.func @forward_chain_with_second_user_is_not_folded(%x: tensor<4x2xf32>) -> (tensor<4x3xf32>, tensor<4x2xf32>) {
+  %w = stablehlo.constant dense<0.5> : tensor<2x3xf32>
+  %s = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %m = stablehlo.multiply %x, %sb : tensor<4x2xf32>
+  %d = stablehlo.dot_general %m, %w, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
+  return %d, %m : tensor<4x3xf32>, tensor<4x2xf32>
+}
