@@ -26,7 +26,8 @@ func.func @fold_batch_norm(%x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32> {
   // REPORT-NEXT: "ops": [
   // REPORT-NEXT:   "stablehlo.batch_norm_inference"
   // REPORT-NEXT: ],
-  // REPORT-NEXT: "function": "fold_batch_norm"
+  // REPORT-NEXT: "function": "fold_batch_norm",
+  // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}}
   return %bn : tensor<1x3x3x2xf32>
 }
 
@@ -58,7 +59,8 @@ func.func @fold_decomposed_chain(%x: tensor<1x2x3x3xf32>) -> tensor<1x3x3x3xf32>
   // REPORT-NEXT:   "stablehlo.multiply",
   // REPORT-NEXT:   "stablehlo.add"
   // REPORT-NEXT: ],
-  // REPORT-NEXT: "function": "fold_decomposed_chain"
+  // REPORT-NEXT: "function": "fold_decomposed_chain",
+  // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}}
   return %y : tensor<1x3x3x3xf32>
 }
 
@@ -80,7 +82,8 @@ func.func @fold_into_dot_general(%x: tensor<2x3xf32>) -> tensor<2x4xf32> {
   // REPORT-NEXT: "form": "batch_norm_inference",
   // REPORT-NEXT: "direction": "backward",
   // REPORT-NEXT: "channels": 4,
-  // REPORT:      "function": "fold_into_dot_general"
+  // REPORT:      "function": "fold_into_dot_general",
+  // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}}
   // REPORT-NEXT: }
   // REPORT-NEXT: ],
   return %bn : tensor<2x4xf32>
@@ -95,7 +98,7 @@ func.func @skip_statistics_are_arguments(%x: tensor<1x3x3x2xf32>, %g: tensor<2xf
   // REPORT:      "op": "{{.*}}report.mlir:[[# @LINE + 1]]:9",
   %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.batch_norm_inference",
-  // REPORT-NEXT: "reason": "batch_norm_inference gamma is not constant",
+  // REPORT-NEXT: "reason": "batch_norm_inference gamma is not constant: it is function argument %arg1; bind parameters first (--bind-params FILE.npz, or bnfold.jax_export.fold_exported)",
   // REPORT-NEXT: "function": "skip_statistics_are_arguments"
   return %bn : tensor<1x3x3x2xf32>
 }
@@ -111,7 +114,7 @@ func.func @skip_kernel_is_argument(%x: tensor<1x3x3x2xf32>, %k: tensor<1x1x2x2xf
   // REPORT:      "op": "{{.*}}report.mlir:[[# @LINE + 1]]:9",
   %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.batch_norm_inference",
-  // REPORT-NEXT: "reason": "the kernel (which carries axis 3) is not constant",
+  // REPORT-NEXT: "reason": "the kernel (which carries axis 3) is not constant: it is function argument %arg1; bind parameters first (--bind-params FILE.npz, or bnfold.jax_export.fold_exported)",
   // REPORT-NEXT: "function": "skip_kernel_is_argument"
   return %bn : tensor<1x3x3x2xf32>
 }
@@ -160,7 +163,7 @@ func.func @skip_block_argument(%x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32> {
   // REPORT:      "op": "{{.*}}report.mlir:[[# @LINE + 1]]:9",
   %bn = "stablehlo.batch_norm_inference"(%x, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.batch_norm_inference",
-  // REPORT-NEXT: "reason": "no convolution or dot_general produces its operand",
+  // REPORT-NEXT: "reason": "no convolution or dot_general produces its operand (it is a block argument); forward: it feeds func.return, which is not linear",
   // REPORT-NEXT: "function": "skip_block_argument"
   return %bn : tensor<1x3x3x2xf32>
 }

@@ -23,7 +23,7 @@ def manifest(directory: Path) -> list[dict]:
 
 def parse(text: str | bytes):
     context = bir.make_context()
-    return context, bir.parse(text, context).module
+    return context, bir.parse(text, context)
 
 
 def op_names(text: str) -> list[str]:

@@ -97,7 +97,7 @@ def cli_subprocess(*args: object, stdin: bytes | None = None, **kwargs) -> CliRe
 
 def parse(data: bytes | str):
     """Parses (and verifies) text, bytecode or a portable artifact with bnfold's own reader."""
-    return bir.parse(data, bir.make_context()).module
+    return bir.parse(data, bir.make_context())
 
 
 def function_ops(module) -> list:
@@ -586,7 +586,7 @@ def _crash(*args, **kwargs):
 
 def test_internal_error_saves_a_reproducer_and_writes_nothing(cli, cli_tmpdir, tmp_path,
                                                               monkeypatch):
-    monkeypatch.setattr("bnfold.cli.fold_module", _crash)
+    monkeypatch.setattr("bnfold.pipeline.fold_module", _crash)
     out = tmp_path / "out.mlir"
     result = cli(CONV_BN, "-o", out)
     assert result.rc == 1
@@ -599,7 +599,7 @@ def test_internal_error_saves_a_reproducer_and_writes_nothing(cli, cli_tmpdir, t
 
 def test_internal_error_reproducer_command_uses_the_given_arguments(cli, cli_tmpdir,
                                                                     monkeypatch):
-    monkeypatch.setattr("bnfold.cli.fold_module", _crash)
+    monkeypatch.setattr("bnfold.pipeline.fold_module", _crash)
     monkeypatch.setattr(sys, "argv", ["pytest", "--unrelated-flag"])
     result = cli(CONV_BN, "--disable", "backward-affine")
     assert result.rc == 1

@@ -549,7 +549,7 @@ def child_scaling(payload: dict[str, Any]) -> dict[str, Any]:
 
     def fold_once(text: bytes) -> tuple[float, int]:
         context = bir.make_context()
-        module = bir.parse(text, context).module
+        module = bir.parse(text, context)
         gc.collect()
         with context:
             start = time.perf_counter()
@@ -608,7 +608,7 @@ def child_graph(payload: dict[str, Any]) -> dict[str, Any]:
     rows = []
     for name, path in payload["models"]:
         context = bir.make_context()
-        module = bir.parse(Path(path).read_bytes(), context).module
+        module = bir.parse(Path(path).read_bytes(), context)
         with context:
             before = _count_ops(module)
             report = bnfold.fold_module(module)

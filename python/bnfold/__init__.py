@@ -11,16 +11,18 @@
 from __future__ import annotations
 
 from bnfold.errors import BnfoldError
-from bnfold.pipeline import FoldOptions, fold_module, pattern_names
+from bnfold.pipeline import Folded, FoldOptions, fold_module, fold_source, pattern_names
 from bnfold.report import Fold, Report, Skip
 
 __all__ = [
     "BnfoldError",
     "Fold",
     "FoldOptions",
+    "Folded",
     "Report",
     "Skip",
     "fold_module",
+    "fold_source",
     "fold_text",
     "pattern_names",
 ]
@@ -30,11 +32,5 @@ __version__ = "0.1.0"
 def fold_text(text: str | bytes, options: FoldOptions | None = None, *,
               source_name: str = "<input>", debug_info: bool = False) -> tuple[str, Report]:
     """Parses MLIR text or bytecode, folds it and returns the folded text and the report."""
-    from bnfold import ir as bir
-
-    context = bir.make_context()
-    parsed = bir.parse(text, context, name=source_name)
-    with context:
-        report = fold_module(parsed.module, options, source_name=source_name)
-        out = bir.serialize(parsed.module, "mlir", debug_info=debug_info).decode()
-    return out, report
+    folded = fold_source(text, name=source_name, options=options)
+    return folded.serialize("mlir", debug_info=debug_info).decode(), folded.report

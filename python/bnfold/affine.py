@@ -18,12 +18,15 @@ and forward folding patterns.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bnfold.constants import Evaluator, map_axis_through_reshape, per_channel
+from bnfold.constants import (Const, Evaluator, describe_argument, map_axis_through_reshape,
+                              parameter_argument, per_channel)
 from bnfold.elements import tensor_type
+from bnfold.graph import live_users, same_block, sole_live_user
 from bnfold.ir import ir, stablehlo
 
 STEP_NAMES = (
@@ -44,12 +47,21 @@ SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
            "stablehlo.batch_norm_inference")
 
 
+BIND_HINT = "bind parameters first (--bind-params FILE.npz, or bnfold.jax_export.fold_exported)"
+
+
 @dataclass(frozen=True)
 class Step:
-    """One op of a chain and the index of its activation operand."""
+    """One op of a chain and the index of its activation operand.
+
+    `parameter` is set when the other operand is not a constant but a
+    function argument (a parameter passed at run time): the step belongs to
+    the chain, so the report can name the argument, but it cannot fold.
+    """
 
     op: ir.Operation
     x_index: int
+    parameter: str | None = None
 
     @property
     def name(self) -> str:
@@ -59,25 +71,37 @@ class Step:
     def result(self) -> ir.Value:
         return self.op.results[0]
 
+    @property
+    def x(self) -> ir.Value:
+        return self.op.operands[self.x_index]
 
-_UNSET = object()
 
+class Analysis:
+    """Memoized step analysis over one module (constants via `evaluator`).
 
-def as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
-    """`op` as a chain step (activation operand + constants), or None (memoized)."""
-    if op.name not in STEP_NAMES or len(op.results) != 1:
-        return None
-    key = op.results[0]
-    cached = evaluator.op_memo.get(key, _UNSET)
-    if cached is _UNSET:
-        cached = evaluator.op_memo[key] = _as_step(op, evaluator)
-    return cached  # type: ignore[return-value]
+    Valid for one pass: folding only adds ops and redirects uses; nothing is
+    erased before cleanup, so no cached entry ever goes stale.
+    """
+
+    def __init__(self, evaluator: Evaluator) -> None:
+        self.evaluator = evaluator
+        self._steps: dict[ir.Value, Step | None] = {}
+
+    def step(self, op: ir.Operation) -> Step | None:
+        """`op` as a chain step (activation operand + constants), or None."""
+        if op.name not in STEP_NAMES or len(op.results) != 1:
+            return None
+        key = op.results[0]
+        if key not in self._steps:
+            self._steps[key] = _as_step(op, self.evaluator)
+        return self._steps[key]
+
+    def constant(self, value: ir.Value) -> Const | None:
+        return self.evaluator.constant(value)
 
 
 def _as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
     name = op.name
-    if name not in STEP_NAMES or len(op.results) != 1:
-        return None
     if tensor_type(op.results[0]) is None:
         return None
     operands = list(op.operands)
@@ -85,54 +109,44 @@ def _as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
             ir.RankedTensorType(operands[0].type).element_type != \
             ir.RankedTensorType(op.results[0].type).element_type:
         return None  # a real conversion rounds: not foldable
-    if name in ("stablehlo.negate",) + LAYOUT:
+    if name in ("stablehlo.negate", "stablehlo.batch_norm_inference") + LAYOUT:
         return None if evaluator.constant(operands[0]) is not None else Step(op, 0)
-    if name == "stablehlo.batch_norm_inference":
-        if evaluator.constant(operands[0]) is not None:
-            return None
-        return Step(op, 0)
     a_const = evaluator.constant(operands[0]) is not None
     b_const = evaluator.constant(operands[1]) is not None
-    if a_const == b_const:
+    if a_const and b_const:
         return None
-    if name == "stablehlo.divide" and a_const:
-        return None  # c / x is not affine in x
-    return Step(op, 1 if a_const else 0)
+    if a_const or b_const:
+        if name == "stablehlo.divide" and a_const:
+            return None  # c / x is not affine in x
+        return Step(op, 1 if a_const else 0)
+    # Neither operand is constant: a parameter passed as an argument?
+    result_size = _size(op.results[0])
+    for x_index in (0, 1):
+        argument = parameter_argument(operands[1 - x_index], evaluator)
+        if argument is not None and _size(argument) < result_size and \
+                not (name == "stablehlo.divide" and x_index == 1):
+            return Step(op, x_index, describe_argument(argument))
+    return None
+
+
+def _size(value: ir.Value) -> int:
+    ty = tensor_type(value)
+    return -1 if ty is None else math.prod(ty.shape)
 
 
 def single_use(value: ir.Value) -> bool:
-    uses = iter(value.uses)
-    return next(uses, None) is not None and next(uses, None) is None
+    return len(live_users(value)) == 1
 
 
-def use_count(value: ir.Value) -> int:
-    return sum(1 for _ in value.uses)
-
-
-def sole_user(value: ir.Value) -> ir.Operation | None:
-    uses = list(value.uses)
-    if len(uses) != 1:
-        return None
-    owner = uses[0].owner
-    return owner.operation if isinstance(owner, ir.OpView) else owner
-
-
-def extends(value: ir.Value, evaluator: Evaluator) -> bool:
-    """True when the sole user of `value` is a step taking it as activation."""
-    user = sole_user(value)
+def extends(value: ir.Value, analysis: Analysis) -> Step | None:
+    """The step that continues a chain at `value`: its sole live user, taking it as activation."""
+    user = sole_live_user(value)
     if user is None:
-        return False
-    step = as_step(user, evaluator)
-    return step is not None and step.op.operands[step.x_index] == value and \
-        same_block(user, value)
-
-
-def same_block(op: ir.Operation, value: ir.Value) -> bool:
-    owner = value.owner
-    owner = owner.operation if isinstance(owner, ir.OpView) else owner
-    if not isinstance(owner, ir.Operation):
-        return False
-    return owner.block == op.block
+        return None
+    step = analysis.step(user)
+    if step is None or step.x != value or not same_block(user, value):
+        return None
+    return step
 
 
 @dataclass
@@ -183,6 +197,9 @@ def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | str:
         return replace(affine, scale=-affine.scale, shift=-affine.shift)
     if name == "stablehlo.batch_norm_inference":
         return _apply_batch_norm(affine, op, evaluator)
+    if step.parameter is not None:
+        return f"operand {1 - step.x_index} of {name} is {step.parameter}, not a constant: " + \
+            BIND_HINT
     c = _vector(op.operands[1 - step.x_index], evaluator, affine.axis)
     if isinstance(c, str):
         return c
@@ -213,6 +230,10 @@ def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) ->
     for name, value in zip(("gamma", "beta", "mean", "variance"), list(op.operands)[1:]):
         const = evaluator.constant(value)
         if const is None:
+            argument = parameter_argument(value, evaluator)
+            if argument is not None:
+                return (f"batch_norm_inference {name} is not constant: it is "
+                        f"{describe_argument(argument)}; {BIND_HINT}")
             return f"batch_norm_inference {name} is not constant"
         vector = per_channel(const, 0)
         if isinstance(vector, str):
@@ -240,8 +261,53 @@ class Composed:
     @property
     def normalizes(self) -> bool:
         """Worth folding: scales, or more than one additive step."""
-        names = [s.name for s in self.steps if s.name not in LAYOUT]
-        return any(n in SCALING for n in names) or len(names) >= 2
+        return normalizes(self.steps)
+
+
+def normalizes(steps: list[Step]) -> bool:
+    """Scales, or has more than one additive step."""
+    names = [s.name for s in steps if s.name not in LAYOUT]
+    return any(n in SCALING for n in names) or len(names) >= 2
+
+
+def looks_like_normalization(steps: list[Step]) -> bool:
+    """Worth a report entry when it does not fold: a batch norm op, a scale
+    together with a shift, or a parameter-fed chain (a decomposed batch norm
+    whose statistics are arguments)."""
+    names = [s.name for s in steps if s.name not in LAYOUT]
+    scaling = [n for n in names if n in SCALING]
+    if "stablehlo.batch_norm_inference" in names:
+        return True
+    if any(s.parameter is not None for s in steps):
+        return bool(scaling) or len(names) >= 2
+    return bool(scaling) and len(names) > len(scaling)
+
+
+def fold_name_op(steps: list[Step]) -> ir.Operation:
+    """The op a fold is reported under: the BN op, else the first step that is
+    not a bias add or a layout change."""
+    for s in steps:
+        if s.name == "stablehlo.batch_norm_inference":
+            return s.op
+    for s in steps:
+        if s.name != "stablehlo.add" and s.name not in LAYOUT:
+            return s.op
+    return steps[-1].op
+
+
+def norm_op(steps: list[Step]) -> ir.Operation:
+    """The op that names a normalization: the BN op, else the first scaling step,
+    else the first non-layout step."""
+    for s in steps:
+        if s.name == "stablehlo.batch_norm_inference":
+            return s.op
+    for s in steps:
+        if s.name in SCALING:
+            return s.op
+    for s in steps:
+        if s.name not in LAYOUT:
+            return s.op
+    return steps[-1].op
 
 
 def compose(steps: list[Step], start: Affine, evaluator: Evaluator) -> Composed:

@@ -15,7 +15,6 @@ location name (jax.export writes `loc("params['b']")`).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,17 +22,15 @@ import numpy as np
 
 from bnfold import elements
 from bnfold.errors import BnfoldError
-from bnfold.ir import ir, stablehlo
-
-# A name location: loc("name") or loc("name"(child)), not a file location loc("f":1:2).
-_LOC_NAME_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"[()]')
+from bnfold.graph import lookup_function
+from bnfold.ir import ir, location_name, stablehlo
 
 
 def find_function(module: ir.Module, name: str) -> ir.Operation:
-    for op in module.body.operations:
-        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-            return op.operation
-    raise BnfoldError(f"error: module has no function @{name}")
+    func = lookup_function(module, name)
+    if func is None:
+        raise BnfoldError(f"module has no function @{name}")
+    return func
 
 
 def argument_names(func: ir.Operation) -> list[set[str]]:
@@ -47,9 +44,9 @@ def argument_names(func: ir.Operation) -> list[set[str]]:
             attrs = ir.DictAttr(ir.ArrayAttr(arg_attrs)[i])
             if "jax.arg_info" in attrs:
                 aliases.add(ir.StringAttr(attrs["jax.arg_info"]).value)
-        match = _LOC_NAME_RE.match(str(arg.location))
-        if match:
-            aliases.add(match.group(1).replace('\\"', '"'))
+        name = location_name(arg.location)
+        if name:
+            aliases.add(name)
         names.append(aliases)
     return names
 
@@ -64,7 +61,6 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
     func = find_function(module, function)
     block = func.regions[0].blocks[0]
     names = argument_names(func)
-    where = f"{source_name}: " if source_name else ""
     chosen: dict[int, np.ndarray] = {}
     problems: list[str] = []
     for key, value in values.items():
@@ -88,7 +84,8 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
             continue
         chosen[index] = array
     if problems:
-        raise BnfoldError(f"{where}error: cannot bind parameters:\n  " + "\n  ".join(problems))
+        raise BnfoldError("cannot bind parameters:\n  " + "\n  ".join(problems),
+                          location=source_name)
     _replace_arguments(func, chosen)
     return sorted(chosen)
 

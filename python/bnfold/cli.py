@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import argparse
 import functools
-import io
 import os
 import re
 import sys
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass
 from collections.abc import Callable, Sequence
 from typing import BinaryIO
 
 from bnfold import __version__
 from bnfold.errors import BnfoldError
-from bnfold.pipeline import FoldOptions, fold_module
+from bnfold.outputs import Outputs
 from bnfold.patterns import PATTERNS
+from bnfold.pipeline import Folded, FoldOptions, fold_source
 from bnfold.report import Report
 
 PROG = "bnfold-opt"
@@ -54,7 +53,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     patterns = "\n".join(
-        f"  {p.name:20s} {p.description}" for p in PATTERNS)
+        f"  {p.NAME:20s} {p.DESCRIPTION}" for p in PATTERNS)
     parser = _Parser(
         prog=PROG,
         description="Fold batch normalization (batch_norm_inference and the decomposed chains "
@@ -67,8 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="MLIR text, MLIR bytecode or a StableHLO portable artifact "
                              "(format detected); '-' or omitted reads stdin")
     parser.add_argument("-o", "--output", default="-", metavar="OUTPUT",
-                        help="where to write the folded module (default: stdout); written "
-                             "atomically, never partially")
+                        help="where to write the folded module ('-', the default: stdout); "
+                             "a file is replaced atomically (a symlink's target, keeping its "
+                             "mode), a FIFO or device is written directly")
     parser.add_argument("--emit", choices=("mlir", "bytecode", "portable"), default="mlir",
                         help="output format: MLIR text (default), MLIR bytecode, or a "
                              "StableHLO portable artifact (VHLO bytecode, as jax.export writes)")
@@ -76,10 +76,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="StableHLO version for --emit portable, e.g. 1.0.0 "
                              "(default: the current version)")
     parser.add_argument("--report", metavar="FILE.json",
-                        help="write the fold report (folds and skipped ops with reasons) as JSON")
+                        help="write the fold report (folds and skipped ops with reasons) as "
+                             "JSON; '-' is stdout (then give -o a file)")
     parser.add_argument("--report-params", metavar="FILE.npz",
                         help="save each fold's statistics as <fold id>/<name> arrays: scale, "
-                             "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference")
+                             "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference; "
+                             "'-' is stdout")
     parser.add_argument("--bind-params", metavar="FILE.npz",
                         help="bind function arguments to these arrays before folding; keys are "
                              "argN or argument names (jax.arg_info / loc names); bound arguments "
@@ -119,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             pass
         return 1
     except BnfoldError as e:
-        print(f"{PROG}: {_prefixed(str(e))}", file=sys.stderr)
+        print(f"{PROG}: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted; no output written", file=sys.stderr)
@@ -130,17 +132,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
 
 
-def _prefixed(message: str) -> str:
-    return message if ": error:" in message or message.startswith("error") else f"error: {message}"
-
-
 def _options(args: argparse.Namespace) -> FoldOptions:
-    disable = frozenset(n.strip() for n in args.disable.split(",") if n.strip())
     try:
-        return FoldOptions(disable=disable, skip_functions=frozenset(args.skip_func),
+        return FoldOptions(disable=args.disable, skip_functions=frozenset(args.skip_func),
                            expand_batch_norm=args.expand_batch_norm)
-    except ValueError as e:
-        raise BnfoldError(f"error: --disable: {e}") from None
+    except BnfoldError as e:
+        raise BnfoldError(e.message, location="--disable") from None
 
 
 def _read(path: str) -> bytes:
@@ -150,13 +147,7 @@ def _read(path: str) -> bytes:
         with open(path, "rb") as f:
             return f.read()
     except OSError as e:
-        raise BnfoldError(f"error: cannot read '{path}': {e.strerror}") from None
-
-
-@dataclass(frozen=True)
-class _Folded:
-    module: object
-    context: object  # owns every op and attribute of the module: keep it alive with it
+        raise BnfoldError(f"cannot read '{path}': {e.strerror}") from None
 
 
 def _run(args: argparse.Namespace, name: str) -> int:
@@ -164,22 +155,25 @@ def _run(args: argparse.Namespace, name: str) -> int:
 
     options = _options(args)
     if args.split_input_file and args.emit != "mlir":
-        raise BnfoldError("error: --split-input-file works with --emit mlir only")
+        raise BnfoldError("--split-input-file works with --emit mlir only")
     if args.target_version and args.emit != "portable":
-        raise BnfoldError("error: --target-version needs --emit portable")
+        raise BnfoldError("--target-version needs --emit portable")
     if args.target_version:
         bir.check_target_version(args.target_version)
+    outputs = _outputs(args)
+    outputs.check()  # a directory or a clash is an error before any work
     bound = _load_params(args.bind_params) if args.bind_params else None
     start = time.perf_counter()
     report = Report()
+    out: bytes | Callable[[BinaryIO], None]
     if args.split_input_file:
-        outputs = [_process(args, options, name, bound, report, data=chunk)
+        results = [_process(args, options, name, bound, report, data=chunk)
                    for chunk in _split(_read(args.input))]
-        folded = [m for m in outputs if m is not None]
-        if len(folded) != len(outputs):
+        folded = [m for m in results if m is not None]
+        if len(folded) != len(results):
             return 1
-        out: bytes | Callable[[BinaryIO], None] = b"// -----\n".join(
-            bir.serialize(m.module, "mlir", debug_info=args.print_debuginfo) for m in folded)
+        out = b"// -----\n".join(m.serialize("mlir", debug_info=args.print_debuginfo)
+                                  for m in folded)
     else:
         if args.input == "-":
             module = _process(args, options, name, bound, report, data=_read("-"))
@@ -189,35 +183,50 @@ def _run(args: argparse.Namespace, name: str) -> int:
             module = _process(args, options, name, bound, report, path=args.input)
         if module is None:
             return 1
-        out = functools.partial(bir.write, module.module, args.emit,
-                                target_version=args.target_version, debug_info=args.print_debuginfo)
-    _write_all(args, out, report)
+        out = functools.partial(_write_module, module, args)
+    outputs.set_data("-o", out)
+    if args.report:
+        outputs.set_data("--report", report.dumps().encode())
+    if args.report_params:
+        outputs.set_data("--report-params", report.params_npz())
+    outputs.write_all()
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"{PROG}: {name}: {report.summary()} in {elapsed:.2f} s", file=sys.stderr)
     return 0
 
 
+def _outputs(args: argparse.Namespace) -> Outputs:
+    outputs = Outputs()
+    outputs.add("-o", args.output, b"")
+    if args.report:
+        outputs.add("--report", args.report, b"")
+    if args.report_params:
+        outputs.add("--report-params", args.report_params, b"")
+    return outputs
+
+
+def _write_module(folded: Folded, args: argparse.Namespace, file: BinaryIO) -> None:
+    from bnfold import ir as bir
+
+    with folded.context:
+        bir.write(folded.module, args.emit, file, target_version=args.target_version,
+                  debug_info=args.print_debuginfo)
+
+
 def _process(args: argparse.Namespace, options: FoldOptions, name: str,
              bound: dict[str, object] | None,
              report: Report, *, data: bytes | None = None,
-             path: str | None = None) -> _Folded | None:
+             path: str | None = None) -> Folded | None:
     """Parses, binds and folds one module; prints errors and returns None on failure."""
-    from bnfold import ir as bir
-
-    context = bir.make_context()
     try:
-        parsed = (bir.parse(data, context, name=name) if path is None
-                  else bir.parse_path(path, context, name=name))
-        with context, bir.ir.Location.unknown():
-            if bound is not None:
-                from bnfold.binding import bind_arguments
-                bind_arguments(parsed.module, bound, function=args.bind_func, source_name=name)
-            report.merge(fold_module(parsed.module, options, source_name=name))
-        return _Folded(parsed.module, context)
+        folded = fold_source(data, path=path, name=name, options=options, bindings=bound,
+                             bind_function=args.bind_func)
     except BnfoldError as e:
-        print(_prefixed(str(e)), file=sys.stderr)
+        print(str(e), file=sys.stderr)
         return None
+    report.merge(folded.report)
+    return folded
 
 
 def _split(data: bytes) -> list[bytes]:
@@ -231,43 +240,6 @@ def _split(data: bytes) -> list[bytes]:
     return chunks
 
 
-def _write_all(args: argparse.Namespace, out: bytes | Callable[[BinaryIO], None],
-               report: Report) -> None:
-    """Writes the output and the reports together: all of them or none."""
-    from bnfold import ir as bir
-
-    files: list[tuple[str, bytes | Callable[[BinaryIO], None]]] = []
-    if args.output != "-":
-        files.append((args.output, out))
-    if args.report:
-        files.append((args.report, report.dumps().encode()))
-    if args.report_params:
-        files.append((args.report_params, report.params_npz()))
-    staged: list[bir.Staged] = []
-    try:
-        for path, data in files:
-            staged.append(bir.stage(path, data))
-    except OSError as e:
-        bir.discard_all(staged)
-        raise BnfoldError(f"error: cannot write '{path}': {e.strerror}") from None
-    except BaseException:
-        bir.discard_all(staged)
-        raise
-    if args.output == "-":
-        # stdout cannot be staged: produce everything first, then copy it out.
-        if callable(out):
-            buffer = io.BytesIO()
-            out(buffer)
-            out = buffer.getvalue()
-        try:
-            sys.stdout.buffer.write(out)
-            sys.stdout.buffer.flush()
-        except BaseException:
-            bir.discard_all(staged)
-            raise
-    bir.commit_all(staged)
-
-
 def _load_params(path: str) -> dict[str, object]:
     import numpy as np
 
@@ -275,7 +247,7 @@ def _load_params(path: str) -> dict[str, object]:
         with np.load(path, allow_pickle=False) as npz:
             return {k: npz[k] for k in npz.files}
     except (OSError, ValueError) as e:
-        raise BnfoldError(f"error: cannot read parameters '{path}': {e}") from None
+        raise BnfoldError(f"cannot read parameters '{path}': {e}") from None
 
 
 def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnfold import elements
-from bnfold.ir import ir
+from bnfold.graph import defining_op, symbol_table
+from bnfold.ir import ir, location_name
 
 # Guards against materializing something huge while evaluating a reshape or a
 # concatenate of a broadcast (elements, not bytes).
@@ -67,8 +68,6 @@ class Evaluator:
                  depth: int = 0, functions: dict[str, ir.Operation] | None = None) -> None:
         self._module = module
         self._memo: dict[ir.Value, Result] = dict(bindings or {})
-        # Per-op memo for clients (bnfold.affine caches chain-step analysis here).
-        self.op_memo: dict[ir.Value, object] = {}
         self._depth = depth
         self._functions = functions
 
@@ -88,7 +87,9 @@ class Evaluator:
                 continue
             owner = current.owner
             if not isinstance(owner, ir.Operation) and not isinstance(owner, ir.OpView):
-                self._memo[current] = NotConst("block argument")
+                self._memo[current] = NotConst(f"it is {describe_argument(current)}"
+                                               if is_function_argument(current)
+                                               else "block argument")
                 continue
             op = owner.operation if isinstance(owner, ir.OpView) else owner
             operands = list(op.operands)
@@ -100,11 +101,6 @@ class Evaluator:
                     continue
             self._memo[current] = self._evaluate_op(op, current, operands)
         return self._memo[value]
-
-    def forget(self, value: ir.Value) -> None:
-        """Drops `value` from the cache; call before erasing its op (its address may be reused)."""
-        self._memo.pop(value, None)
-        self.op_memo.pop(value, None)
 
     def constant(self, value: ir.Value) -> Const | None:
         result = self.evaluate(value)
@@ -169,11 +165,7 @@ class Evaluator:
 
     def _lookup(self, name: str) -> ir.Operation | None:
         if self._functions is None:
-            self._functions = {}
-            for op in self._module.body.operations:
-                if op.operation.name == "func.func":
-                    sym = ir.StringAttr(op.attributes["sym_name"]).value
-                    self._functions[sym] = op.operation
+            self._functions = symbol_table(self._module)
         func = self._functions.get(name)
         if func is None or len(func.regions[0].blocks) != 1:
             return None
@@ -414,3 +406,53 @@ def map_axis_through_reshape(before: tuple[int, ...], after: tuple[int, ...], ax
             return d
         running *= n
     return None
+
+
+# --- parameters passed as arguments --------------------------------------------
+
+
+def is_function_argument(value: ir.Value) -> bool:
+    """An argument of a function's entry block (not of a loop body or branch)."""
+    if not isinstance(value, ir.BlockArgument):
+        try:
+            value = ir.BlockArgument(value)
+        except ValueError:
+            return False
+    parent = value.owner.owner
+    return parent is not None and parent.operation.name == "func.func"
+
+
+def describe_argument(value: ir.Value) -> str:
+    """`function argument %arg3 ('params['mean']')` for the report."""
+    arg = ir.BlockArgument(value)
+    name = location_name(arg.location)
+    return f"function argument %arg{arg.arg_number}" + (f" ({name})" if name else "")
+
+
+def parameter_argument(value: ir.Value, evaluator: Evaluator) -> ir.Value | None:
+    """The function argument a non-constant, parameter-like value is computed from.
+
+    Follows evaluable ops (broadcasts, reshapes, rsqrt, arithmetic with
+    constants): `bcast(reshape(%arg3))` is the parameter %arg3. Returns None
+    when the value depends on anything else (an activation, a loop variable).
+    """
+    found: ir.Value | None = None
+    stack = [value]
+    seen = 0
+    while stack:
+        seen += 1
+        if seen > 256:
+            return None
+        current = stack.pop()
+        if evaluator.constant(current) is not None:
+            continue
+        owner = defining_op(current)
+        if owner is None:
+            if not is_function_argument(current):
+                return None
+            found = found or current
+            continue
+        if owner.name not in _EVALUATORS or owner.name == "func.call":
+            return None
+        stack.extend(owner.operands)
+    return found

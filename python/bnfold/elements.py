@@ -10,13 +10,13 @@ see `bnfold.constants`) so a huge splat never materializes.
 
 from __future__ import annotations
 
-import re
-
 import functools
+import math
+import re
 
 import numpy as np
 
-from bnfold.ir import ir
+from bnfold.ir import ir, resource_blob
 
 _FLOATS: dict[str, np.dtype] = {
     "f16": np.dtype(np.float16),
@@ -97,7 +97,9 @@ def read(attr: ir.Attribute) -> np.ndarray:
     Splats come back with every dimension 1; other attributes with their full
     shape. Raises ValueError for attributes bnfold cannot read.
     """
-    dense = ir.DenseElementsAttr(attr)
+    dense = _dense(attr)
+    if not isinstance(dense, ir.DenseElementsAttr):
+        return dense.astype(compute_dtype(dense.dtype), copy=False)
     ty = ir.RankedTensorType(dense.type)
     dtype = numpy_dtype(ty.element_type)
     if dtype is None:
@@ -112,9 +114,15 @@ def read(attr: ir.Attribute) -> np.ndarray:
     return array.astype(compute_dtype(dtype), copy=False)
 
 
-def read_native(attr: ir.Attribute) -> np.ndarray:
-    """Full-size elements in the attribute's own dtype (zero-copy when possible)."""
-    dense = ir.DenseElementsAttr(attr)
+def read_native(attr: ir.Attribute, *, compact: bool = False) -> np.ndarray:
+    """Full-size elements in the attribute's own dtype (zero-copy when possible).
+
+    With `compact`, a splat comes back as one element of the right rank
+    (never expanded; see `bnfold.constants`).
+    """
+    dense = _dense(attr)
+    if not isinstance(dense, ir.DenseElementsAttr):
+        return dense
     ty = ir.RankedTensorType(dense.type)
     dtype = numpy_dtype(ty.element_type)
     if dtype is None:
@@ -123,7 +131,37 @@ def read_native(attr: ir.Attribute) -> np.ndarray:
         array = np.asarray(dense)
         if array.dtype == dtype and array.shape == tuple(ty.shape):
             return array
-    return np.broadcast_to(read(attr), tuple(ty.shape)).astype(dtype)
+    values = read(attr).astype(dtype)
+    return values if compact else np.broadcast_to(values, tuple(ty.shape)).copy()
+
+
+def _dense(attr: ir.Attribute) -> ir.DenseElementsAttr | np.ndarray:
+    """`attr` as a dense attribute, or a `dense_resource`'s elements read from its blob.
+
+    Raises ValueError for any other kind of attribute.
+    """
+    try:
+        return ir.DenseElementsAttr(attr)
+    except ValueError:
+        pass
+    try:
+        resource = ir.DenseResourceElementsAttr(attr)
+    except ValueError:
+        raise ValueError(f"cannot read a constant of this kind: {str(attr)[:80]}") from None
+    ty = ir.RankedTensorType(resource.type)
+    dtype = numpy_dtype(ty.element_type)
+    if dtype is None or not (dtype.kind in "fiub" or is_bf16(dtype)):
+        raise ValueError(f"unsupported element type {ty.element_type}")
+    raw = resource_blob(attr)
+    count = math.prod(ty.shape)
+    if dtype == np.bool_:
+        array = np.frombuffer(raw, dtype=np.uint8).astype(np.bool_)
+    else:
+        array = np.frombuffer(raw, dtype=dtype)
+    if array.size != count:
+        raise ValueError(f"dense_resource blob holds {array.size} elements, "
+                         f"its type {ty} needs {count}")
+    return array.reshape(tuple(ty.shape))
 
 
 def _splat_scalar(attr: ir.Attribute, dtype: np.dtype) -> float | int | bool:
@@ -169,7 +207,8 @@ def dense_attr(array: np.ndarray, element: ir.Type) -> ir.DenseElementsAttr:
     """A dense attribute of `element` type holding `array` rounded once to it."""
     dtype = numpy_dtype(element)
     assert dtype is not None and is_float(element)
-    rounded = np.ascontiguousarray(np.asarray(array, dtype=dtype))
+    # np.ascontiguousarray would turn a 0-d array into shape (1,).
+    rounded = np.array(array, dtype=dtype, order="C", copy=None)
     ty = ir.RankedTensorType.get(list(rounded.shape), element)
     if is_bf16(dtype):
         return ir.DenseElementsAttr.get(rounded.view(np.uint16), type=ty)

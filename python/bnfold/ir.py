@@ -7,12 +7,11 @@ the names re-exported here, so a jaxlib upgrade touches one file.
 
 from __future__ import annotations
 
+import ctypes
 import io
 import os
 import re
-import tempfile
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import BinaryIO, Literal
 
 from jaxlib.mlir import ir
@@ -31,7 +30,6 @@ __all__ = [
     "make_context",
     "parse",
     "serialize",
-    "write_atomically",
     "format_location",
     "format_diagnostics",
     "xla_cpu_run",
@@ -56,12 +54,6 @@ def make_context() -> ir.Context:
     return context
 
 
-@dataclass(frozen=True)
-class Parsed:
-    module: ir.Module
-    format: Format
-
-
 def detect_format(data: bytes) -> Format:
     """Text, plain MLIR bytecode, or a StableHLO portable artifact (VHLO bytecode)."""
     if not data.startswith(_BYTECODE_MAGIC):
@@ -71,7 +63,7 @@ def detect_format(data: bytes) -> Format:
     return "portable" if b"vhlo" in data[:4096] or b"StableHLO_v" in data[:64] else "bytecode"
 
 
-def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> Parsed:
+def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> ir.Module:
     """Parses text, bytecode or a portable artifact; verifies the result.
 
     Raises `BnfoldError` carrying the MLIR diagnostics (with `name` in place of
@@ -79,10 +71,10 @@ def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> P
     """
     raw = data.encode() if isinstance(data, str) else data
     if not raw.strip():
-        raise BnfoldError(f"{name}: error: input is empty")
+        raise BnfoldError("input is empty", location=name)
     fmt = detect_format(raw)
     if fmt == "mlir" and b"\x00" in raw[:4096]:
-        raise BnfoldError(f"{name}: error: input is neither MLIR text nor MLIR bytecode")
+        raise BnfoldError("input is neither MLIR text nor MLIR bytecode", location=name)
     try:
         with context:
             if fmt == "portable":
@@ -90,15 +82,13 @@ def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> P
             else:
                 module = ir.Module.parse(raw)
     except ir.MLIRError as e:
-        raise BnfoldError(format_diagnostics(e, name)) from None
+        raise BnfoldError(format_diagnostics(e, name), preformatted=True) from None
     except (RuntimeError, ValueError) as e:
-        raise BnfoldError(f"{name}: error: cannot read input: {e}") from None
-    if not module.operation.verify():  # pragma: no cover - verify raises instead
-        raise BnfoldError(f"{name}: error: module does not verify")
-    return Parsed(module, fmt)
+        raise BnfoldError(f"cannot read input: {e}", location=name) from None
+    return module
 
 
-def parse_path(path: str, context: ir.Context, *, name: str | None = None) -> Parsed:
+def parse_path(path: str, context: ir.Context, *, name: str | None = None) -> ir.Module:
     """Like `parse`, but lets MLIR read the file itself (no copy of it in Python)."""
     name = name or path
     with open(path, "rb") as f:
@@ -111,10 +101,10 @@ def parse_path(path: str, context: ir.Context, *, name: str | None = None) -> Pa
         with context:
             module = ir.Module.parseFile(path)
     except ir.MLIRError as e:
-        raise BnfoldError(format_diagnostics(e, name)) from None
+        raise BnfoldError(format_diagnostics(e, name), preformatted=True) from None
     except (RuntimeError, ValueError) as e:
-        raise BnfoldError(f"{name}: error: cannot read input: {e}") from None
-    return Parsed(module, fmt)
+        raise BnfoldError(f"cannot read input: {e}", location=name) from None
+    return module
 
 
 def write(module: ir.Module, fmt: Format, file: BinaryIO, *, target_version: str | None = None,
@@ -139,7 +129,7 @@ def serialize(module: ir.Module, fmt: Format, *, target_version: str | None = No
         try:
             return stablehlo.serialize_portable_artifact(module, target, True)
         except (ir.MLIRError, RuntimeError, ValueError) as e:
-            raise BnfoldError(f"error: cannot serialize a portable artifact for StableHLO "
+            raise BnfoldError(f"cannot serialize a portable artifact for StableHLO "
                               f"{target}: {e}") from None
     buf = io.BytesIO()
     if fmt == "bytecode":
@@ -157,59 +147,8 @@ def check_target_version(version: str) -> None:
 
     low, high = stablehlo.get_minimum_version(), stablehlo.get_current_version()
     if not re.fullmatch(r"\d+\.\d+\.\d+", version) or not key(low) <= key(version) <= key(high):
-        raise BnfoldError(f"error: invalid --target-version '{version}': expected a StableHLO "
+        raise BnfoldError(f"invalid --target-version '{version}': expected a StableHLO "
                           f"version between {low} and {high}")
-
-
-def write_atomically(path: str, data: bytes) -> None:
-    """Writes `data` to `path` through a temporary file and a rename.
-
-    A crash or error never leaves a partial file behind at `path`.
-    """
-    commit_all([stage(path, data)])
-
-
-@dataclass
-class Staged:
-    """A fully written temporary file waiting to be renamed onto `path`."""
-
-    path: str
-    tmp: str
-
-
-def stage(path: str, data: bytes | Callable[[BinaryIO], None]) -> Staged:
-    """Writes `data` (bytes, or a function writing to a file) next to `path`.
-
-    Same directory, so the later rename is atomic.
-    """
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".bnfold-", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            if callable(data):
-                data(f)
-            else:
-                f.write(data)
-        # mkstemp creates 0600 files; give the result the mode a plain open() would.
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-    except BaseException:
-        os.unlink(tmp)
-        raise
-    return Staged(path, tmp)
-
-
-def commit_all(staged: Sequence[Staged]) -> None:
-    """Renames every staged file into place."""
-    for s in staged:
-        os.replace(s.tmp, s.path)
-
-
-def discard_all(staged: Sequence[Staged]) -> None:
-    for s in staged:
-        if os.path.exists(s.tmp):
-            os.unlink(s.tmp)
 
 
 _NAME_LOC_RE = re.compile(r'^"((?:[^"\\]|\\.)*)"\(')
@@ -233,6 +172,16 @@ def format_location(loc: ir.Location, name: str | None = None) -> str:
     return text.replace('"', "") if text.count('"') == 2 and text.startswith('"') else text
 
 
+# A name location: loc("name") or loc("name"(child)), not a file location loc("f":1:2).
+_LOC_NAME_RE = re.compile(r'^loc\("((?:[^"\\]|\\.)*)"[()]')
+
+
+def location_name(loc: ir.Location) -> str | None:
+    """The name of a name location (jax.export names arguments `params['k']`)."""
+    match = _LOC_NAME_RE.match(str(loc))
+    return match.group(1).replace('\\"', '"') if match else None
+
+
 def format_diagnostics(error: ir.MLIRError, name: str) -> str:
     lines = []
     for diag in error.error_diagnostics:
@@ -242,11 +191,49 @@ def format_diagnostics(error: ir.MLIRError, name: str) -> str:
     return "\n".join(lines) or f"{name}: error: {error}"
 
 
-def verify(module: ir.Module, name: str) -> None:
-    try:
-        module.operation.verify()
-    except ir.MLIRError as e:
-        raise BnfoldError(format_diagnostics(e, name)) from None
+# --- operation identity ------------------------------------------------------
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = ctypes.c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+_OPERATION_CAPSULE = b"jaxlib.mlir.ir.Operation._CAPIPtr"
+
+
+def op_id(op: ir.Operation | ir.OpView) -> int:
+    """The address of the underlying MLIR operation: a stable dictionary key.
+
+    Python wrappers of one operation compare equal but hash by object
+    identity, and a walk hands out fresh wrappers, so `hash(op)` cannot key
+    a dictionary across lookups. Valid while the operation is not erased.
+    """
+    return int(_capsule_pointer(op.operation._CAPIPtr, _OPERATION_CAPSULE))
+
+
+# --- dense_resource blobs ------------------------------------------------------
+
+_BLOB_RE = re.compile(rb'^\s*[^\s:]+:\s*"0x([0-9A-Fa-f]*)"', re.MULTILINE)
+
+
+def resource_blob(attr: ir.Attribute) -> bytes:
+    """The raw bytes of a `dense_resource<...>` attribute's blob.
+
+    jaxlib exposes no reader for resource blobs, so a one-constant module is
+    printed (its resource section holds only the blob it references) and the
+    hex read back; the blob's 4-byte alignment header is dropped. Raises
+    ValueError when the blob is not available (e.g. elided).
+    """
+    with attr.context, ir.Location.unknown():
+        module = ir.Module.create()
+        with ir.InsertionPoint(module.body):
+            stablehlo.ConstantOp(attr)
+        buf = io.BytesIO()
+        module.operation.print(file=buf, binary=True)
+    text = buf.getvalue()
+    section = text.find(b"dialect_resources")
+    match = _BLOB_RE.search(text, section) if section >= 0 else None
+    if match is None:
+        raise ValueError(f"the blob of {attr} is not in the module")
+    return bytes.fromhex(match.group(1).decode())[4:]
 
 
 # --- execution -------------------------------------------------------------

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from bnfold.binding import bind_arguments, find_function
+from bnfold.binding import find_function
 from bnfold.errors import BnfoldError
-from bnfold.pipeline import FoldOptions, fold_module
+from bnfold.pipeline import FoldOptions, fold_source
 from bnfold.report import Report
 
 __all__ = ["fold_exported", "fold_function", "FoldedFunction"]
@@ -40,8 +40,6 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
     Raises ValueError when the pytree, a shape or a dtype does not match.
     """
     from jax import tree_util
-
-    from bnfold import ir as bir
 
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     values = (params,) if isinstance(argnums, int) else tuple(params or ())
@@ -83,20 +81,16 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
                          "\n  ".join(problems))
 
     kept = list(exported.module_kept_var_idx)
-    context = bir.make_context()
-    parsed = bir.parse(exported.mlir_module_serialized, context, name=exported.fun_name)
-    with context, bir.ir.Location.unknown():
-        main = find_function(parsed.module, "main")
-        n_inputs = len(main.regions[0].blocks[0].arguments)
-        offset = n_inputs - len(kept)  # platform index / effect tokens come first
-        if offset < 0:
-            raise BnfoldError("error: exported main has fewer arguments than kept inputs")
-        by_module_arg = {offset + kept.index(flat): value
-                         for flat, value in bound_flat.items() if flat in kept}
-        bind_arguments(parsed.module, by_module_arg, function="main")
-        report = fold_module(parsed.module, options, source_name=exported.fun_name)
-        serialized = bir.serialize(parsed.module, "portable",
-                                   target_version=_target_version())
+    n_inputs = _main_arity(exported)
+    offset = n_inputs - len(kept)  # platform index / effect tokens come first
+    if offset < 0:
+        raise BnfoldError("exported main has fewer arguments than kept inputs")
+    by_module_arg: dict[str | int, Any] = {offset + kept.index(flat): value
+                                           for flat, value in bound_flat.items() if flat in kept}
+    folded_module = fold_source(exported.mlir_module_serialized, name=exported.fun_name,
+                                options=options, bindings=by_module_arg)
+    report = folded_module.report
+    serialized = folded_module.serialize("portable", target_version=_target_version())
 
     remaining = [i for i in range(len(exported.in_avals)) if i not in bound_flat]
     renumber = {old: new for new, old in enumerate(remaining)}
@@ -116,6 +110,16 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
         _get_vjp=None,  # the original VJP would differentiate the unfolded module
     )
     return folded, report
+
+
+def _main_arity(exported: Any) -> int:
+    """How many arguments the exported module's @main takes."""
+    from bnfold import ir as bir
+
+    context = bir.make_context()
+    module = bir.parse(exported.mlir_module_serialized, context, name=exported.fun_name)
+    with context:
+        return len(find_function(module, "main").regions[0].blocks[0].arguments)
 
 
 def _check_supported(exported: Any) -> None:

@@ -25,8 +25,9 @@ import numpy as np
 
 from bnfold import elements
 from bnfold.errors import BnfoldError
+from bnfold.graph import lookup_function
 from bnfold.ir import interpret as _interpret
-from bnfold.ir import ir, make_context, parse, serialize, xla_cpu_run
+from bnfold.ir import ir, serialize, xla_cpu_run
 
 # max |actual - expected| <= RTOL[dtype] * max(|expected|)
 RTOL: dict[str, float] = {
@@ -48,22 +49,22 @@ class Signature:
 
 def main_signature(module: ir.Module, name: str = "main") -> Signature:
     """Argument shapes and dtypes of the public entry function."""
-    for op in module.body.operations:
-        if op.operation.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-            func_type = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-            shapes, dtypes, names = [], [], []
-            for ty in func_type.inputs:
-                ranked = elements.tensor_type(ty)
-                if ranked is None:
-                    raise BnfoldError(f"@{name} has an argument of dynamic or non-tensor type {ty}")
-                dtype = elements.numpy_dtype(ranked.element_type)
-                if dtype is None:
-                    raise BnfoldError(f"@{name} has an argument of unsupported type {ty}")
-                shapes.append(tuple(ranked.shape))
-                dtypes.append(dtype)
-                names.append(str(ranked.element_type))
-            return Signature(shapes, dtypes, names)
-    raise BnfoldError(f"module has no function @{name}")
+    func = lookup_function(module, name)
+    if func is None:
+        raise BnfoldError(f"module has no function @{name}")
+    func_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)
+    shapes, dtypes, names = [], [], []
+    for ty in func_type.inputs:
+        ranked = elements.tensor_type(ty)
+        if ranked is None:
+            raise BnfoldError(f"@{name} has an argument of dynamic or non-tensor type {ty}")
+        dtype = elements.numpy_dtype(ranked.element_type)
+        if dtype is None:
+            raise BnfoldError(f"@{name} has an argument of unsupported type {ty}")
+        shapes.append(tuple(ranked.shape))
+        dtypes.append(dtype)
+        names.append(str(ranked.element_type))
+    return Signature(shapes, dtypes, names)
 
 
 def random_inputs(signature: Signature, seed: int = 0) -> list[np.ndarray]:
@@ -144,18 +145,18 @@ def interpret(module: ir.Module | str, inputs: Sequence[np.ndarray], *,
         with open(request + ".out", "rb") as f:
             outcome = pickle.load(f)
     if isinstance(outcome, str):
-        raise BnfoldError(outcome)
+        raise BnfoldError(outcome, preformatted=True)
     return outcome
 
 
 def _interpret_here(text: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    from bnfold.pipeline import FoldOptions, fold_module, pattern_names
+    from bnfold.pipeline import FoldOptions, fold_source, pattern_names
 
-    context = make_context()
-    stablehlo_module = parse(text, context, name="<interpret>").module
-    with context, ir.Location.unknown():
-        only_expand = frozenset(pattern_names()) - {"expand-batch-norm"}
-        fold_module(stablehlo_module, FoldOptions(disable=only_expand, expand_batch_norm=True))
+    only_expand = frozenset(pattern_names()) - {"expand-batch-norm"}
+    folded = fold_source(text, name="<interpret>",
+                         options=FoldOptions(disable=only_expand, expand_batch_norm=True))
+    stablehlo_module = folded.module
+    with folded.context, ir.Location.unknown():
         for name in _ops_in(stablehlo_module):
             if name in _UNSUPPORTED_BY_INTERPRETER:
                 raise BnfoldError(f"the reference interpreter cannot run {name}")

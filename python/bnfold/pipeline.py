@@ -1,43 +1,50 @@
-"""The bnfold pass: which patterns run, in which order, and the cleanup after.
+"""The bnfold pass: candidates, pure matching and planning, apply, one ledger.
 
-One walk per function with jaxlib's walk-based rewrite driver (ops in
-program order, no fixpoint iteration, no folding of unrelated ops):
+    candidates   producers and affine chains, found in one walk   (bnfold.chains)
+    backward     each chain after a producer: match -> plan -> apply
+    forward      each producer after a chain: match -> plan -> apply
+                 (backward runs first and wins; a forward fold's new bias is
+                 then merged with additive steps after it)
+    expand       opt-in: remaining batch_norm_inference -> multiply + add
+    explain      every chain that looks like a normalization and did not fold
+                 gets one reason, from the attempts above or from its
+                 neighbours (what feeds it, what it feeds)
+    cleanup      dead ops removed in the functions that changed; verify
 
-1. `backward-affine`  fold an affine chain into the producer before it;
-2. `forward-affine`   fold an affine chain into the producer after it
-                      (a chain already folded backward is gone by then,
-                      so backward folding has priority); if anything folded
-                      forward, `backward-affine` runs once more to merge the
-                      new bias with an additive step after it;
-3. `expand-batch-norm` (opt-in) rewrite each remaining batch_norm_inference
-                      as multiply + add.
-
-Then dead constants are removed in the functions that changed, and the module
-is verified.
+Matching and planning never touch the IR or the report; `apply` creates
+ops and redirects the uses of one root. Decisions go to a `Ledger`, turned
+into the `Report` once at the end.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
-from bnfold import elements
+from bnfold import affine, chains, elements
+from bnfold.affine import Analysis, Step
 from bnfold.cleanup import remove_dead_ops
 from bnfold.constants import Evaluator
 from bnfold.errors import BnfoldError
-from bnfold.ir import format_diagnostics, ir, rewrite
-from bnfold.patterns import PATTERNS, OPT_IN
-from bnfold.patterns.base import FoldState, as_callback
-from bnfold.report import Report
+from bnfold.graph import function_name, functions as module_functions, symbol_name
+from bnfold.binding import bind_arguments
+from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
+from bnfold.ledger import Ledger, Refusal, op_key
+from bnfold.patterns import PATTERNS, backward_affine, expand_batch_norm, forward_affine
+from bnfold.patterns.rewrite import KernelRewrite
+from bnfold.report import Fold, Report
 
 PASS_NAME = "bnfold"
+OPT_IN = {expand_batch_norm.NAME: "expand_batch_norm"}
 
 
 @dataclass(frozen=True, kw_only=True)
 class FoldOptions:
     """Options of the pass.
 
-    disable: pattern names not to run (see `pattern_names()`).
+    disable: pattern names not to run (see `pattern_names()`); a single
+        name or a comma-separated string is accepted too.
     skip_functions: function names (without "@") left untouched.
     expand_batch_norm: rewrite every batch_norm_inference that did not fold
         into multiply + add (for back ends and the reference interpreter).
@@ -48,98 +55,237 @@ class FoldOptions:
     expand_batch_norm: bool = False
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "disable", frozenset(self.disable))
-        object.__setattr__(self, "skip_functions", frozenset(self.skip_functions))
+        object.__setattr__(self, "disable", _names(self.disable))
+        object.__setattr__(self, "skip_functions", _names(self.skip_functions))
         unknown = sorted(set(self.disable) - set(pattern_names()))
         if unknown:
-            raise ValueError(f"unknown pattern name(s) {', '.join(unknown)}; "
-                             f"known: {', '.join(pattern_names())}")
+            raise BnfoldError(f"unknown pattern name(s) {', '.join(unknown)}; "
+                              f"known: {', '.join(pattern_names())}")
 
-    def enabled(self) -> list[str]:
-        names = [p.name for p in PATTERNS if p.name not in self.disable]
-        return [n for n in names if n not in OPT_IN or
-                (n == "expand-batch-norm" and self.expand_batch_norm)]
+    def enabled(self, name: str) -> bool:
+        if name in self.disable:
+            return False
+        return name not in OPT_IN or bool(getattr(self, OPT_IN[name]))
+
+
+def _names(value: str | Iterable[str]) -> frozenset[str]:
+    if isinstance(value, str):
+        return frozenset(n.strip() for n in value.split(",") if n.strip())
+    return frozenset(value)
 
 
 def pattern_names() -> list[str]:
-    return [p.name for p in PATTERNS]
+    return [p.NAME for p in PATTERNS]
+
+
+@dataclass
+class Folded:
+    """A parsed, bound and folded module with the context that owns it."""
+
+    module: ir.Module
+    context: ir.Context
+    report: Report
+
+    def serialize(self, fmt: Format = "mlir", **kwargs: Any) -> bytes:
+        with self.context:
+            return serialize(self.module, fmt, **kwargs)
+
+
+def fold_source(data: bytes | str | None = None, *, path: str | None = None,
+                name: str = "<input>", options: FoldOptions | None = None,
+                bindings: Mapping[str | int, Any] | None = None,
+                bind_function: str = "main") -> Folded:
+    """The one pipeline: parse -> bind -> fold -> verify (-> report, write by the caller).
+
+    Reads `data` (text, bytecode or a portable artifact) or the file at
+    `path`, in a fresh context. Used by `fold_text`, the CLI, the jax.export
+    hook and the numerics harness. Raises `BnfoldError` for bad input.
+    """
+    context = make_context()
+    module = parse(data, context, name=name) if path is None else \
+        parse_path(path, context, name=name)
+    with context, ir.Location.unknown():
+        if bindings:
+            bind_arguments(module, bindings, function=bind_function, source_name=name)
+        report = fold_module(module, options, source_name=name)
+    return Folded(module, context, report)
 
 
 def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
-                source_name: str | None = None) -> Report:
+                source_name: str | None = None, cleanup: bool = True) -> Report:
     """Folds normalizations in `module` in place and returns the report.
 
-    Raises `BnfoldError` if the module does not verify afterwards (a bnfold
-    bug: please file the reproducer).
+    `cleanup=False` leaves the dead producers and chains in place (for
+    debugging and for tests of the rewrite rules). Raises `BnfoldError` if
+    the module does not verify afterwards (a bnfold bug: please file the
+    reproducer).
     """
     options = options or FoldOptions()
-    state = FoldState(module=module, evaluator=Evaluator(module), source_name=source_name)
-    functions = [f for f in _functions(module)
-                 if ir.StringAttr(f.attributes["sym_name"]).value not in options.skip_functions]
+    funcs = [f for f in module_functions(module)
+             if symbol_name(f) not in options.skip_functions]
+    ledger = Ledger(source_name)
     with module.context, ir.Location.unknown():
-        for name in _schedule(options):
-            _run_pattern(name, functions, state)
-            if name == "forward-affine" and _forward_folded(state) and \
-                    "backward-affine" in options.enabled():
-                # A forward fold adds a bias after its producer; a second
-                # backward walk merges it with an additive step that follows.
-                state.absorbing = True
-                _run_pattern("backward-affine", functions, state)
-                state.absorbing = False
-        if state.changed_functions:
-            remove_dead_ops(module, state.changed_functions)
+        evaluator = Evaluator(module)
+        _Pass(Analysis(evaluator), ledger, options).run(funcs)
+        if options.enabled(expand_batch_norm.NAME):
+            changed, ledger.expanded = expand_batch_norm.run(funcs, evaluator)
+            ledger.changed_functions |= changed
+        if cleanup and ledger.changed_functions:
+            remove_dead_ops(module, ledger.changed_functions)
         try:
             module.operation.verify()
         except ir.MLIRError as e:
             raise BnfoldError(f"{PASS_NAME}: the folded module does not verify (this is a "
-                              f"bnfold bug):\n{format_diagnostics(e, source_name or '-')}") from None
-    _record_leftover_batch_norms(functions, state)
-    return state.report
+                              f"bnfold bug):\n{format_diagnostics(e, source_name or '-')}",
+                              preformatted=True) from None
+    return ledger.report()
 
 
-def _schedule(options: FoldOptions) -> list[str]:
-    return options.enabled()
+@dataclass
+class _Notes:
+    """What the attempts on one normalization found, for its reason if it does not fold."""
+
+    op: ir.Operation
+    backward: str | None = None
+    forward: str | None = None
 
 
-def _forward_folded(state: FoldState) -> bool:
-    return any(f.direction == "forward" for f in state.report.folds)
+class _Pass:
+    def __init__(self, analysis: Analysis, ledger: Ledger, options: FoldOptions) -> None:
+        self.analysis = analysis
+        self.ledger = ledger
+        self.options = options
+        self.notes: dict[int, _Notes] = {}
 
+    def run(self, funcs: list[ir.Operation]) -> None:
+        found = chains.find(funcs, self.analysis)
+        producers = list(found.producers)
+        if self.options.enabled(backward_affine.NAME):
+            replaced = {op_key(p): p for p in producers}
+            for chain in found.chains:
+                folded = self.backward(chain)
+                if folded is not None:
+                    replaced[op_key(folded[0])] = folded[1]
+            producers = [replaced[op_key(p)] for p in producers]
+        if self.options.enabled(forward_affine.NAME):
+            merged = [self.forward(p) for p in producers]
+            if self.options.enabled(backward_affine.NAME):
+                for result in merged:
+                    if result is not None:
+                        self.absorb(*result)
+        self.explain(found)
 
-def _run_pattern(name: str, functions: list[ir.Operation], state: FoldState) -> None:
-    pattern = next(p for p in PATTERNS if p.name == name)()
-    patterns = rewrite.RewritePatternSet()
-    for root in pattern.roots:
-        patterns.add(root, as_callback(pattern, state), pattern.benefit)
-    frozen = patterns.freeze()
-    for func in functions:
-        rewrite.walk_and_apply_patterns(func, frozen)
-        if state.error is not None:
-            error, trace = state.error
-            raise RuntimeError(f"{PASS_NAME}: internal error in pattern '{name}':\n"
-                               f"{trace}") from error
+    # -- backward -------------------------------------------------------------
 
+    def backward(self, chain: chains.Chain) -> tuple[ir.Operation, ir.Operation] | None:
+        producer = backward_affine.match(chain)
+        if producer is None:
+            return None
+        plan = backward_affine.plan(producer, chain, self.analysis)
+        if isinstance(plan, str):
+            self._note(list(chain.steps), backward=plan)
+            return None
+        norm, folded = backward_affine.apply(plan)
+        self.ledger.fold(_fold_record(self.ledger, producer, norm, plan.affine, "backward",
+                                      plan.kernel), [s.op for s in plan.steps])
+        rest = list(chain.steps[len(plan.steps):])
+        if plan.rest_reason and affine.looks_like_normalization(rest):
+            self._note(rest, backward=plan.rest_reason)
+        return producer, folded
 
-def _functions(module: ir.Module) -> Iterable[ir.Operation]:
-    for op in module.body.operations:
-        if op.operation.name == "func.func":
-            yield op.operation
+    # -- forward --------------------------------------------------------------
 
+    def forward(self, producer: ir.Operation) -> tuple[Fold, ir.Operation] | None:
+        match = forward_affine.match(producer, self.analysis)
+        if match is None:
+            return None
+        plan = forward_affine.plan(match, self.analysis)
+        if plan is None:
+            return None
+        if isinstance(plan, str):
+            self._note(list(match.steps), forward=plan)
+            return None
+        norm, folded = forward_affine.apply(plan)
+        fold = self.ledger.fold(_fold_record(self.ledger, folded, norm, plan.affine, "forward",
+                                             plan.kernel), [s.op for s in match.steps])
+        if plan.merge_into is not None:
+            self.ledger.consume(fold, [plan.merge_into])
+        return fold, folded
 
-def _record_leftover_batch_norms(functions: Iterable[ir.Operation], state: FoldState) -> None:
-    """Every batch_norm_inference still present is in the report with a reason."""
-    leftovers: list[ir.Operation] = []
+    def absorb(self, fold: Fold, producer: ir.Operation) -> None:
+        """Merges a forward fold's new bias with the additive steps after it."""
+        head = affine.extends(producer.results[0], self.analysis)
+        if head is None:
+            return
+        chain = chains.grow(head, self.analysis)
+        if sum(1 for s in chain.steps if s.name not in affine.LAYOUT) < 2:
+            return
+        plan = backward_affine.plan(producer, chain, self.analysis, require_normalizing=False)
+        if isinstance(plan, str) or plan.kernel is not None:
+            return
+        backward_affine.apply(plan)
+        self.ledger.consume(fold, [s.op for s in plan.steps])
 
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "stablehlo.batch_norm_inference":
-            leftovers.append(op)
-        return ir.WalkResult.ADVANCE
+    # -- explain --------------------------------------------------------------
 
-    for func in functions:
-        func.walk(visit)
-    for op in leftovers:
-        if state.was_skipped(op):
-            continue
-        if any(elements.tensor_type(v) is None for v in list(op.operands) + list(op.results)):
-            state.record_skip(op, "dynamic shapes are not supported")
+    def _note(self, steps: list[Step], *, backward: str | None = None,
+              forward: str | None = None) -> None:
+        norm = affine.norm_op(steps)
+        notes = self.notes.setdefault(op_key(norm), _Notes(norm))
+        notes.backward = notes.backward or backward
+        notes.forward = notes.forward or forward
+
+    def explain(self, found: chains.Candidates) -> None:
+        """One reason for every normalization-like chain (and batch norm) that did not fold."""
+        for chain in found.chains:
+            rest = [s for s in chain.steps if not self.ledger.is_folded(s.op)]
+            if not rest:
+                continue
+            norm = affine.norm_op(rest)
+            notes = self.notes.get(op_key(norm))
+            # A failed attempt on a scaling chain is worth explaining too.
+            attempted = notes is not None and affine.normalizes(rest)
+            if not (attempted or affine.looks_like_normalization(rest)):
+                continue
+            notes = notes or _Notes(norm)
+            self.ledger.refuse(Refusal(norm, self._reason(chains.Chain(tuple(rest)), notes)))
+        for op in found.batch_norms:
+            if not self.ledger.is_decided(op):
+                self.ledger.refuse(Refusal(op, _batch_norm_reason(op)))
+
+    def _reason(self, chain: chains.Chain, notes: _Notes) -> str:
+        if notes.backward:
+            return notes.backward if not notes.forward else f"{notes.backward}; {notes.forward}"
+        if not self.options.enabled(backward_affine.NAME):
+            upstream = "backward-affine is disabled"
         else:
-            state.record_skip(op, "not folded: no foldable producer chain")
+            upstream = chains.upstream_reason(chain, self.analysis)
+        if notes.forward:
+            return f"{upstream}; {notes.forward}"
+        if "users" in upstream or "precision" in upstream:
+            return upstream
+        if not self.options.enabled(forward_affine.NAME):
+            return f"{upstream}; forward-affine is disabled"
+        return f"{upstream}; {chains.downstream_reason(chain)}"
+
+
+def _batch_norm_reason(op: ir.Operation) -> str:
+    if any(elements.tensor_type(v) is None for v in list(op.operands) + list(op.results)):
+        return "dynamic shapes are not supported"
+    return "not folded: no foldable producer chain"
+
+
+def _fold_record(ledger: Ledger, producer: ir.Operation, norm: ir.Operation,
+                 fit: affine.Affine, direction: str,
+                 kernel: KernelRewrite | None) -> Fold:
+    params = {"scale": fit.scale.copy(), "shift": fit.shift.copy()}
+    if len(fit.gamma_beta) == 1:
+        params.update(fit.gamma_beta[0])
+    return Fold(
+        id="", producer=ledger.location(producer), producer_op=producer.name,
+        norm=ledger.location(norm), norm_op=norm.name,
+        form="batch_norm_inference" if fit.gamma_beta else "decomposed",
+        direction=direction, channels=fit.channels, ops=[], function=function_name(producer),
+        params=params,
+        kernel_rounding=0.0 if kernel is None else kernel.worst_relative_rounding,
+    )

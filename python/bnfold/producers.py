@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bnfold import elements
+from bnfold import elements, precision
 from bnfold.constants import Evaluator, NotConst
+from bnfold.graph import defining_op
 from bnfold.ir import ir, stablehlo
 
 NAMES = ("stablehlo.convolution", "stablehlo.dot_general")
@@ -91,49 +92,88 @@ def output_kernel_axis(op: ir.Operation, result_axis: int) -> KernelAxis | str:
     return KernelAxis(1, rhs_free[result_axis - n_batch - len(lhs_free)])
 
 
+@dataclass(frozen=True)
+class Kernel:
+    """A producer's constant operand, as the fold will rewrite it.
+
+    `values` is the compact array (see `bnfold.constants`) of the constant
+    that gets replaced: the kernel itself, or, when the kernel is
+    `convert(wide constant)` and the computation is wider than the kernel,
+    that wide source (`convert` is then the op to re-create). `storage` is
+    the dtype of the replaced constant, `effective` the producer's operand
+    dtype.
+    """
+
+    value: ir.Value
+    values: np.ndarray
+    shape: tuple[int, ...]
+    storage: np.dtype
+    effective: np.dtype
+    convert: ir.Operation | None
+    anchor: ir.Operation | None  # the constant op replaced (location, attributes)
+
+
 def is_constant(value: ir.Value, evaluator: Evaluator) -> bool:
     """Cheap for plain constants (no evaluation, no copy)."""
-    owner = value.owner
-    if isinstance(owner, ir.OpView) and owner.operation.name == "stablehlo.constant":
+    owner = defining_op(value)
+    if owner is not None and owner.name == "stablehlo.constant":
         return True
     return evaluator.constant(value) is not None
 
 
-def kernel_values(value: ir.Value, evaluator: Evaluator) -> np.ndarray | str:
-    """The kernel's elements (zero-copy for a plain constant), or why there are none.
+def kernel(value: ir.Value, compute: np.dtype, evaluator: Evaluator, producer: str
+           ) -> Kernel | str:
+    """The kernel behind `value` that can absorb a scale computed in `compute`, or why none.
 
-    A kernel computed from constants (a reshape, a transpose, `call @_flip`)
-    is evaluated in float64; every float kernel value is exact in float64.
+    A plain constant is read zero-copy; a kernel computed from constants
+    (a reshape, a transpose, `call @_flip`) is evaluated in float64.
     """
     ty = elements.tensor_type(value)
     if ty is None or not elements.is_float(ty.element_type):
         return f"kernel type {value.type} is not a static float tensor"
-    owner = value.owner
-    if isinstance(owner, ir.OpView) and owner.operation.name == "stablehlo.constant":
-        return elements.read_native(owner.operation.attributes["value"])
-    result = evaluator.evaluate(value)
+    effective = elements.numpy_dtype(ty.element_type)
+    assert effective is not None
+    source, convert = value, None
+    owner = defining_op(value)
+    if precision.is_narrower(effective, compute):
+        wide = _wide_source(owner, compute)
+        if wide is None:
+            return precision.narrow_kernel_reason(effective, compute, producer)
+        source, convert = wide, owner
+        owner = defining_op(source)
+    storage = elements.numpy_dtype(elements.tensor_type(source).element_type)  # type: ignore[union-attr]
+    assert storage is not None
+    shape = tuple(ty.shape)
+    if owner is not None and owner.name == "stablehlo.constant":
+        try:
+            values = elements.read_native(owner.attributes["value"], compact=True)
+        except ValueError as e:
+            return f"kernel constant cannot be read: {e}"
+        return Kernel(value, values, shape, storage, effective, convert, owner)
+    result = evaluator.evaluate(source)
     if isinstance(result, NotConst):
         return f"kernel is not constant ({result.reason})"
-    return result.full()
+    return Kernel(value, result.array, shape, storage, effective, convert, None)
 
 
-def scale_along(kernel: np.ndarray, axis: int, scale: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """`kernel * scale` with `scale` laid along `axis`, as `dtype`.
+def _wide_source(owner: ir.Operation | None, compute: np.dtype) -> ir.Value | None:
+    """The operand of `convert(x)` when x is a float type at least as precise as `compute`."""
+    if owner is None or owner.name != "stablehlo.convert":
+        return None
+    ty = elements.tensor_type(owner.operands[0])
+    if ty is None or not elements.is_float(ty.element_type):
+        return None
+    dtype = elements.numpy_dtype(ty.element_type)
+    if dtype is None or precision.is_narrower(dtype, compute):
+        return None
+    return owner.operands[0]
 
-    The product is computed in float64 and rounded once to `dtype`, in one
-    buffered pass (no full-size float64 temporary).
-    """
-    shape = [1] * kernel.ndim
+
+def axis_factor(scale: np.ndarray, axis: int, rank: int) -> np.ndarray:
+    """`scale` laid along `axis` of a rank-`rank` array (broadcastable)."""
+    shape = [1] * rank
     shape[axis] = scale.shape[0]
-    return scale_by(kernel, scale.reshape(shape), dtype)
-
-
-def scale_by(kernel: np.ndarray, factor: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """`kernel * factor` (broadcasting) computed in float64, rounded once to `dtype`."""
-    out = np.empty(kernel.shape, dtype=dtype)
-    np.multiply(kernel, factor.astype(np.float64, copy=False), out=out, dtype=np.float64,
-                casting="unsafe")
-    return out
+    return scale.reshape(shape)
 
 
 # --- forward folding -----------------------------------------------------------

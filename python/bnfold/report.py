@@ -35,13 +35,15 @@ class Fold:
     ops: list[str]
     function: str
     params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    # max |K.new - K*s| / |K*s| of the folded kernel against float64 (precision contract)
+    kernel_rounding: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "producer": self.producer, "producer_op": self.producer_op,
             "norm": self.norm, "norm_op": self.norm_op, "form": self.form,
             "direction": self.direction, "channels": self.channels, "ops": self.ops,
-            "function": self.function,
+            "function": self.function, "kernel_rounding": self.kernel_rounding,
         }
 
 
@@ -90,8 +92,8 @@ class Report:
         return buf.getvalue()
 
     def save_params(self, path: str) -> None:
-        from bnfold.ir import write_atomically
-        write_atomically(path, self.params_npz())
+        from bnfold.outputs import write_file
+        write_file(path, self.params_npz(), "--report-params")
 
     def summary(self) -> str:
         by_form: dict[str, int] = {}

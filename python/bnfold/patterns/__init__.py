@@ -1,10 +1,12 @@
-"""The rewrite patterns, in the order the pipeline runs them."""
+"""The rewrites, one module each, in the order the pipeline runs them.
 
-from bnfold.patterns.backward_affine import BackwardAffine
-from bnfold.patterns.expand_batch_norm import ExpandBatchNorm
-from bnfold.patterns.forward_affine import ForwardAffine
+Each module has a kebab-case `NAME` (used by `--disable`) and a
+`DESCRIPTION`; folding patterns expose pure `match` / `plan` functions and an
+`apply` that only creates ops and redirects the uses of its root.
+"""
 
-PATTERNS = (BackwardAffine, ForwardAffine, ExpandBatchNorm)
-OPT_IN = frozenset({"expand-batch-norm"})
+from bnfold.patterns import backward_affine, expand_batch_norm, forward_affine
 
-__all__ = ["PATTERNS", "OPT_IN", "BackwardAffine", "ExpandBatchNorm", "ForwardAffine"]
+PATTERNS = (backward_affine, forward_affine, expand_batch_norm)
+
+__all__ = ["PATTERNS", "backward_affine", "expand_batch_norm", "forward_affine"]

@@ -23,36 +23,68 @@ import numpy as np
 
 from bnfold import elements
 from bnfold.affine import Affine, Step, apply
-from bnfold.ir import ir, stablehlo
-from bnfold.patterns.base import MATCHED, NO_MATCH, FoldState, Pattern, function_name
+from bnfold.constants import Evaluator
+from bnfold.graph import function_name
+from bnfold.ir import ir, rewrite, stablehlo
+
+NAME = "expand-batch-norm"
+DESCRIPTION = ("rewrite each batch_norm_inference that did not fold into multiply + add "
+               "(opt-in: --expand-batch-norm)")
 
 
-class ExpandBatchNorm(Pattern):
-    name = "expand-batch-norm"
-    roots = ("stablehlo.batch_norm_inference",)
-    description = ("rewrite each batch_norm_inference that did not fold into multiply + add "
-                   "(opt-in: --expand-batch-norm)")
+def run(functions: list[ir.Operation], evaluator: Evaluator) -> tuple[set[str], int]:
+    """Expands every static float batch_norm_inference.
 
-    def match_and_rewrite(self, op: ir.Operation, rewriter: Any, state: FoldState) -> bool:
+    Returns the functions that changed and the number of expanded ops.
+
+    A root-only rewrite (the batch norm is replaced, nothing else touched),
+    so it runs under jaxlib's walk driver.
+    """
+    changed: set[str] = set()
+    count = [0]
+    errors: list[BaseException] = []
+
+    def match_and_rewrite(op: Any, rewriter: Any) -> bool:
+        op = op.operation
         ty = elements.tensor_type(op.results[0])
-        if ty is None or not elements.is_float(ty.element_type):
-            return NO_MATCH
-        # Everything about `op` is read before replace_op erases it.
-        state.changed_functions.add(function_name(op))
-        replacement = expand(op, state)
-        state.evaluator.forget(op.results[0])
-        rewriter.replace_op(op, [replacement])
-        state.report.expanded += 1
-        return MATCHED
+        if errors or ty is None or not elements.is_float(ty.element_type):
+            return no_match()
+        try:
+            # Everything about `op` is read before replace_op erases it.
+            changed.add(function_name(op))
+            rewriter.replace_op(op, [expand(op, evaluator)])
+            count[0] += 1
+        except Exception as e:  # noqa: BLE001 - the driver cannot carry it; re-raised below
+            errors.append(e)
+            return no_match()
+        return matched()
+
+    patterns = rewrite.RewritePatternSet()
+    patterns.add("stablehlo.batch_norm_inference", match_and_rewrite, 1)
+    frozen = patterns.freeze()
+    for func in functions:
+        rewrite.walk_and_apply_patterns(func, frozen)
+        if errors:
+            raise errors[0]
+    return changed, count[0]
 
 
-def expand(op: ir.Operation, state: FoldState) -> ir.Value:
+def no_match() -> bool:
+    """jaxlib's Python patterns signal "no match" with a truthy value."""
+    return True
+
+
+def matched() -> bool:
+    return False
+
+
+def expand(op: ir.Operation, evaluator: Evaluator) -> ir.Value:
     """Builds the expansion of `op` before it and returns its result."""
     ty = ir.RankedTensorType(op.results[0].type)
     feature = ir.IntegerAttr(op.attributes["feature_index"]).value
     x = op.operands[0]
     with ir.InsertionPoint(op), op.location:
-        fit = apply(Affine.identity(tuple(ty.shape), feature), Step(op, 0), state.evaluator)
+        fit = apply(Affine.identity(tuple(ty.shape), feature), Step(op, 0), evaluator)
         if isinstance(fit, Affine):
             scale = _vector(fit.scale, ty, feature)
             shift = _vector(fit.shift, ty, feature)

@@ -11,10 +11,10 @@ an affine chain (see `bnfold.affine`). Before:
 After:
 
     %k2 = stablehlo.constant dense<...>            // K * s along the kernel's input axis
-    %y = stablehlo.convolution(%x, %k2) ...
+    %y2 = stablehlo.convolution(%x, %k2) ...
     %b = stablehlo.constant dense<[...]> : tensor<8xf32>   // sum over window and inputs of K * t
     %bb = stablehlo.broadcast_in_dim %b, dims = [3] ...
-    %r = stablehlo.add %y, %bb
+    %r = stablehlo.add %y2, %bb
 
 The scale always folds (zero padding and lhs dilation insert zeros, and
 0 * s = 0). The shift folds only when every window position sees real data:
@@ -22,105 +22,134 @@ no positive padding and no lhs_dilation. Otherwise a chain with a non-zero
 shift is left alone (recorded in the report), as AIMET and TFLite do. For a
 dot_general the shift becomes a bias only when the constant operand has one
 free dimension and no batching dimensions.
+
+The root is the producer (or its existing bias add, which the new bias
+merges into): `apply` creates the folded producer and redirects the root's
+uses; the old producer and the chain are left to the cleanup.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 import numpy as np
 
-from bnfold import affine, elements, producers
-from bnfold.affine import Affine, Composed, Step
+from bnfold import affine, elements, precision, producers
+from bnfold.affine import Affine, Analysis, Step
 from bnfold.constants import map_axis_through_reshape, per_channel
-from bnfold.ir import ir, stablehlo
-from bnfold.patterns.base import MATCHED, NO_MATCH, FoldState, Pattern, defining_op
+from bnfold.graph import carry_attributes, defining_op, live_users, sole_live_user
+from bnfold.ir import ir
+from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
+
+NAME = "forward-affine"
+DESCRIPTION = ("fold a per-channel affine chain into the convolution/dot_general after it "
+               "(shift only without padding)")
 
 
-class ForwardAffine(Pattern):
-    name = "forward-affine"
-    roots = producers.NAMES
-    description = ("fold a per-channel affine chain into the convolution/dot_general after it "
-                   "(shift only without padding)")
-
-    def match_and_rewrite(self, op: ir.Operation, rewriter: Any, state: FoldState) -> bool:
-        act_index = _activation_operand(op, state)
-        if act_index is None:
-            return NO_MATCH
-        steps = _collect(op.operands[act_index], op, state)
-        if not steps:
-            return NO_MATCH
-        end_type = elements.tensor_type(steps[-1].result)
-        if end_type is None or not elements.is_float(end_type.element_type):
-            return NO_MATCH
-        axis_at_end = _input_axis(op, act_index)
-        if axis_at_end is None:
-            return NO_MATCH
-        start_axis = _axis_at_start(steps, axis_at_end)
-        if start_axis is None:
-            return NO_MATCH
-        first = steps[0]
-        start_shape = tuple(ir.RankedTensorType(first.op.operands[first.x_index].type).shape)
-        composed = affine.compose(steps, Affine.identity(start_shape, start_axis), state.evaluator)
-        if composed.stop_reason is not None:
-            # Forward folding needs the whole chain up to the producer.
-            _skip(steps, composed.stop_reason, state)
-            return NO_MATCH
-        if not composed.normalizes:
-            return NO_MATCH
-        mapping = producers.input_scale_map(op, act_index, axis_at_end)
-        if isinstance(mapping, str):
-            _skip(steps, mapping, state)
-            return NO_MATCH
-        kernel = producers.kernel_values(op.operands[mapping.operand], state.evaluator)
-        if isinstance(kernel, str):
-            _skip(steps, kernel, state)
-            return NO_MATCH
-        fit = composed.affine
-        if not (np.all(np.isfinite(fit.scale)) and np.all(np.isfinite(fit.shift))):
-            _skip(steps, "folded scale or shift is not finite", state)
-            return NO_MATCH
-        bias = None
-        if np.any(fit.shift != 0):
-            bias = _shift_bias(op, mapping, kernel, fit.shift)
-            if isinstance(bias, str):
-                _skip(steps, bias, state)
-                return NO_MATCH
-        _rewrite(op, act_index, steps, composed, mapping, kernel, bias, rewriter, state)
-        return MATCHED
+@dataclass(frozen=True)
+class Match:
+    producer: ir.Operation
+    act_index: int
+    steps: tuple[Step, ...]  # first step first; ends at the producer's activation
 
 
-def _activation_operand(op: ir.Operation, state: FoldState) -> int | None:
-    """The non-constant operand: lhs for convolution, either side for dot_general."""
-    if op.name == "stablehlo.convolution":
-        return 0
-    lhs_const = producers.is_constant(op.operands[0], state.evaluator)
-    rhs_const = producers.is_constant(op.operands[1], state.evaluator)
-    if lhs_const == rhs_const:
+@dataclass(frozen=True)
+class Plan:
+    match: Match
+    affine: Affine
+    kernel: KernelRewrite
+    bias: np.ndarray | None
+    out_axis: int
+    merge_into: ir.Operation | None  # the producer's existing bias add, if any
+
+
+def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
+    """The single-use chain of steps that ends at the producer's activation operand."""
+    act_index = _activation_operand(producer, analysis)
+    if act_index is None:
         return None
-    return 1 if lhs_const else 0
-
-
-def _collect(value: ir.Value, producer: ir.Operation, state: FoldState) -> list[Step]:
-    """The single-use chain of steps ending in `value`, first step first."""
     steps: list[Step] = []
-    while affine.single_use(value):
+    value = producer.operands[act_index]
+    while len(live_users(value)) == 1:
         owner = defining_op(value)
         if owner is None or owner.block != producer.block:
             break
-        step = affine.as_step(owner, state.evaluator)
+        step = analysis.step(owner)
         if step is None:
             break
         steps.append(step)
-        value = owner.operands[step.x_index]
-    return _drop_leading_reshapes(steps[::-1])
+        value = step.x
+    steps.reverse()
+    while steps and steps[0].name in affine.LAYOUT:
+        steps.pop(0)
+    if not steps:
+        return None
+    return Match(producer, act_index, tuple(steps))
 
 
-def _drop_leading_reshapes(steps: list[Step]) -> list[Step]:
-    start = 0
-    while start < len(steps) and steps[start].name in affine.LAYOUT:
-        start += 1
-    return steps[start:]
+def plan(m: Match, analysis: Analysis) -> Plan | str | None:
+    """The fold of `m`, or why it cannot fold (None: nothing worth folding)."""
+    op, steps = m.producer, list(m.steps)
+    end_type = elements.tensor_type(steps[-1].result)
+    if end_type is None or not elements.is_float(end_type.element_type):
+        return None
+    axis_at_end = _input_axis(op, m.act_index)
+    if axis_at_end is None:
+        return "forward: the dot_general contracts more than one dimension"
+    start_axis = _axis_at_start(steps, axis_at_end)
+    if start_axis is None:
+        return "forward: a reshape merges or splits the feature axis"
+    first = steps[0]
+    start_shape = tuple(ir.RankedTensorType(first.x.type).shape)
+    composed = affine.compose(steps, Affine.identity(start_shape, start_axis), analysis.evaluator)
+    if composed.stop_reason is not None:
+        # Forward folding needs the whole chain up to the producer.
+        return f"forward: {composed.stop_reason}"
+    if not composed.normalizes:
+        return None
+    mapping = producers.input_scale_map(op, m.act_index, axis_at_end)
+    if isinstance(mapping, str):
+        return f"forward: {mapping}"
+    fit = composed.affine
+    if not (np.all(np.isfinite(fit.scale)) and np.all(np.isfinite(fit.shift))):
+        return "forward: folded scale or shift is not finite"
+    compute = elements.numpy_dtype(end_type.element_type)
+    assert compute is not None
+    kernel = producers.kernel(op.operands[mapping.operand], compute, analysis.evaluator,
+                              op.name.removeprefix("stablehlo."))
+    if isinstance(kernel, str):
+        return f"forward: {kernel}"
+    rewrite = plan_kernel(kernel, mapping.expand(fit.scale, kernel.shape), mapping.operand)
+    if isinstance(rewrite, str):
+        return f"forward: {rewrite}"
+    result_type = ir.RankedTensorType(op.results[0].type)
+    out_dtype = elements.numpy_dtype(result_type.element_type)
+    bias: np.ndarray | None = None
+    out_axis = 0
+    merge_into = None
+    if np.any(fit.shift != 0):
+        shifted = _shift_bias(op, mapping, kernel, fit.shift)
+        if isinstance(shifted, str):
+            return f"forward: {shifted}"
+        bias, out_axis = shifted
+        existing = _existing_bias(op.results[0], out_axis, analysis)
+        if existing is not None:
+            merge_into, old = existing
+            bias = bias + old
+        if out_dtype is not None and (problem := precision.check_bias(bias, out_dtype)):
+            return f"forward: {problem}"
+    return Plan(m, fit, rewrite, bias, out_axis, merge_into)
+
+
+def _activation_operand(op: ir.Operation, analysis: Analysis) -> int | None:
+    """The non-constant operand: lhs for convolution, either side for dot_general."""
+    if op.name == "stablehlo.convolution":
+        return 0
+    lhs_const = producers.is_constant(op.operands[0], analysis.evaluator)
+    rhs_const = producers.is_constant(op.operands[1], analysis.evaluator)
+    if lhs_const == rhs_const:
+        return None
+    return 1 if lhs_const else 0
 
 
 def _input_axis(op: ir.Operation, act_index: int) -> int | None:
@@ -148,122 +177,84 @@ def _axis_at_start(steps: list[Step], axis: int) -> int | None:
     return axis
 
 
-def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, kernel: np.ndarray,
+def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, kernel: producers.Kernel,
                 shift: np.ndarray) -> tuple[np.ndarray, int] | str:
     """The output bias a per-input-channel shift produces, and the output axis it varies on."""
-    t = mapping.expand(shift, kernel.shape)
     if op.name == "stablehlo.convolution":
         attrs = op.attributes
         if "padding" in attrs and np.any(np.asarray(ir.DenseIntElementsAttr(attrs["padding"])) > 0):
             return "the shift cannot fold forward through zero padding"
         if "lhs_dilation" in attrs and any(d != 1 for d in ir.DenseI64ArrayAttr(attrs["lhs_dilation"])):
             return "the shift cannot fold forward through lhs_dilation (transposed convolution)"
+    if kernel.values.shape != kernel.shape and \
+            int(np.prod(kernel.shape)) > precision.MAX_EXPANDED_ELEMENTS:
+        return "the kernel is a huge splat constant; refused to expand it for the shift"
+    values = np.broadcast_to(kernel.values, kernel.shape).astype(np.float64)
+    if kernel.convert is not None:
+        values = values.astype(kernel.effective).astype(np.float64)
+    t = mapping.expand(shift, kernel.shape)
+    if op.name == "stablehlo.convolution":
         dims = producers.conv_dims(op)
         out_kernel = dims.kernel_output_feature_dimension
-        axes = tuple(d for d in range(kernel.ndim) if d != out_kernel)
-        bias = np.sum(kernel.astype(np.float64) * t, axis=axes)
-        return bias, dims.output_feature_dimension
+        axes = tuple(d for d in range(len(kernel.shape)) if d != out_kernel)
+        return np.sum(values * t, axis=axes), dims.output_feature_dimension
     dims = producers.dot_dims(op)
     const_index = mapping.operand
     batching = dims.rhs_batching_dimensions if const_index == 1 else dims.lhs_batching_dimensions
     contracting = dims.rhs_contracting_dimensions if const_index == 1 else dims.lhs_contracting_dimensions
-    free = [d for d in range(kernel.ndim) if d not in batching and d not in contracting]
+    free = [d for d in range(len(kernel.shape)) if d not in batching and d not in contracting]
     if batching or len(free) != 1:
         return "the shift of a dot_general input folds only into a weight with one free dimension"
-    axes = tuple(d for d in range(kernel.ndim) if d != free[0])
-    bias = np.sum(kernel.astype(np.float64) * t, axis=axes)
+    axes = tuple(d for d in range(len(kernel.shape)) if d != free[0])
+    bias = np.sum(values * t, axis=axes)
     # No batching dims here, so the result is (lhs free..., rhs free...) and the
     # weight's single free dim is the last axis (weight on the right) or the first.
     out_axis = ir.RankedTensorType(op.results[0].type).rank - 1 if const_index == 1 else 0
     return bias, out_axis
 
 
-def _add_bias(op: ir.Operation, values: np.ndarray, out_axis: int, loc: ir.Location,
-              state: FoldState) -> None:
-    """Adds `values` along `out_axis` to the producer's result.
-
-    Merged into the producer's existing bias add when it has one, so the
-    output keeps the canonical single add (and folding again changes nothing).
-    """
-    result = op.results[0]
-    result_type = ir.RankedTensorType(result.type)
-    existing = _existing_bias(result, out_axis, state)
-    if existing is not None:
-        user, index, old = existing
-        with ir.InsertionPoint(user), loc:
-            const = stablehlo.ConstantOp(elements.dense_attr(old + values, result_type.element_type))
-            bcast = stablehlo.BroadcastInDimOp(result_type, const.result, [out_axis])
-        user.operands[index] = bcast.result
-        state.evaluator.forget(user.results[0])
-        return
-    with ir.InsertionPoint(op), loc:
-        const = stablehlo.ConstantOp(elements.dense_attr(values, result_type.element_type))
-        bcast = stablehlo.BroadcastInDimOp(result_type, const.result, [out_axis])
-        add = stablehlo.AddOp(result, bcast.result)
-    # Canonical order after the producer: constant, broadcast, add.
-    const.operation.move_after(op)
-    bcast.operation.move_after(const.operation)
-    add.operation.move_after(bcast.operation)
-    result.replace_all_uses_except(add.result, add.operation)
-
-
-def _existing_bias(result: ir.Value, out_axis: int, state: FoldState
-                   ) -> tuple[ir.Operation, int, np.ndarray] | None:
-    """The producer's sole user if it is `add(result, per-channel constant)`."""
-    user = affine.sole_user(result)
+def _existing_bias(result: ir.Value, out_axis: int, analysis: Analysis
+                   ) -> tuple[ir.Operation, np.ndarray] | None:
+    """The producer's sole user and its bias if it is `add(result, per-channel constant)`."""
+    user = sole_live_user(result)
     if user is None or user.name != "stablehlo.add":
         return None
-    step = affine.as_step(user, state.evaluator)
-    if step is None or user.operands[step.x_index] != result:
+    step = analysis.step(user)
+    if step is None or step.x != result or step.parameter is not None:
         return None
-    const = state.evaluator.constant(user.operands[1 - step.x_index])
+    const = analysis.constant(user.operands[1 - step.x_index])
     if const is None:
         return None
     vector = per_channel(const, out_axis)
     if isinstance(vector, str):
         return None
-    return user, 1 - step.x_index, vector
+    return user, vector
 
 
-def _skip(steps: list[Step], reason: str, state: FoldState) -> None:
-    for s in steps:
-        if s.name in affine.SCALING:
-            state.record_skip(s.op, f"forward: {reason}")
-            return
+def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
+    """Builds the folded producer (and merged bias); redirects the root's uses.
 
-
-def _rewrite(op: ir.Operation, act_index: int, steps: list[Step], composed: Composed,
-             mapping: producers.InputScaleMap, kernel: np.ndarray,
-             bias: tuple[np.ndarray, int] | None, rewriter: Any, state: FoldState) -> None:
-    fit = composed.affine
-    kernel_value = op.operands[mapping.operand]
-    kernel_type = ir.RankedTensorType(kernel_value.type)
-    kernel_owner = defining_op(kernel_value)
-    kernel_loc = kernel_owner.location if kernel_owner is not None else op.location
-    norm = next((s.op for s in steps if s.name in affine.SCALING), steps[-1].op)
-    first = steps[0]
-    start = first.op.operands[first.x_index]
-
-    new_kernel = producers.scale_by(kernel, mapping.expand(fit.scale, kernel.shape),
-                                    elements.numpy_dtype(kernel_type.element_type))
+    Returns the op that names the normalization and the folded producer.
+    """
+    op, steps = p.match.producer, list(p.match.steps)
+    norm = affine.norm_op(steps)
     with ir.InsertionPoint(op):
-        k = stablehlo.ConstantOp(elements.dense_attr(new_kernel, kernel_type.element_type),
-                                 loc=kernel_loc)
-    op.operands[mapping.operand] = k.result
-    with ir.InsertionPoint(op), op.location:
-        start = affine.replay_layout(start, steps)
-    op.operands[act_index] = start
-    if bias is not None:
-        _add_bias(op, *bias, norm.location, state)
-
-    params: dict[str, np.ndarray] = {"scale": fit.scale.copy(), "shift": fit.shift.copy()}
-    if len(fit.gamma_beta) == 1:
-        params.update(fit.gamma_beta[0])
-    state.record_fold(producer=op, norm=norm,
-                      form="batch_norm_inference" if fit.gamma_beta else "decomposed",
-                      direction="forward", channels=fit.channels, ops=[s.op for s in steps],
-                      params=params)
-    for s in steps:
-        state.evaluator.forget(s.result)
-    for s in reversed(steps):
-        rewriter.erase_op(s.op)
+        kernel_value = p.kernel.build(op.location)
+        with op.location:
+            start = affine.replay_layout(steps[0].x, steps)
+        folded = op.clone(ip=ir.InsertionPoint(op)).operation
+    folded.operands[p.kernel.operand] = kernel_value
+    folded.operands[p.match.act_index] = start
+    root = p.merge_into or op
+    if p.bias is None:
+        op.results[0].replace_all_uses_with(folded.results[0])
+        return norm, folded
+    at = ir.InsertionPoint(p.merge_into) if p.merge_into is not None else ir.InsertionPoint.after(op)
+    with at:
+        replacement = bias_add(folded.results[0], p.bias, p.out_axis,
+                               root.location if p.merge_into is not None else norm.location)
+    owner = defining_op(replacement)
+    if owner is not None and p.merge_into is not None:
+        carry_attributes(p.merge_into, owner)
+    root.results[0].replace_all_uses_with(replacement)
+    return norm, folded

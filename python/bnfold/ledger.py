@@ -1,0 +1,84 @@
+"""One decision per operation: folded into a producer, or refused with a reason.
+
+Matchers and planners are pure: they return a chain, a plan or a `Refusal`.
+The pipeline writes every decision here, keyed by the operation it is about
+(never by its location string: JAX gives every op of a layer the same name
+location), and turns the ledger into the `Report` once, at the end:
+
+    ledger.refuse(bn_op, "the mean is function argument %arg3 ...")
+    ledger.fold(fold_record, consumed_ops)    # drops earlier refusals of those ops
+    report = ledger.report()
+
+A fold always wins over a refusal of the same op; a later refusal of an op
+that already folded is ignored (it was made with less information).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from bnfold.graph import function_name
+from bnfold.ir import format_location, ir, op_id
+from bnfold.report import Fold, Report, Skip
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why `op` (the op that names a normalization) does not fold."""
+
+    op: ir.Operation
+    reason: str
+
+
+def op_key(op: ir.Operation) -> int:
+    return op_id(op)
+
+
+class Ledger:
+    """Decisions of one pass over one module."""
+
+    def __init__(self, source_name: str | None = None) -> None:
+        self._source_name = source_name
+        self._folds: list[Fold] = []
+        self._folded: set[int] = set()
+        self._refusals: dict[int, Skip] = {}
+        self.expanded = 0
+        self.changed_functions: set[str] = set()
+
+    def location(self, op: ir.Operation) -> str:
+        return format_location(op.location, self._source_name)
+
+    def fold(self, fold: Fold, ops: Iterable[ir.Operation]) -> Fold:
+        fold.id = f"fold{len(self._folds)}"
+        self._folds.append(fold)
+        self.changed_functions.add(fold.function)
+        self.consume(fold, ops)
+        return fold
+
+    def consume(self, fold: Fold, ops: Iterable[ir.Operation]) -> None:
+        """Marks `ops` as folded by `fold` (which lists their names)."""
+        for op in ops:
+            key = op_key(op)
+            if key not in self._folded:
+                fold.ops.append(op.name)
+            self._folded.add(key)
+            self._refusals.pop(key, None)
+
+    def refuse(self, refusal: Refusal) -> None:
+        key = op_key(refusal.op)
+        if key in self._folded or key in self._refusals:
+            return
+        op = refusal.op
+        self._refusals[key] = Skip(self.location(op), op.name, refusal.reason, function_name(op))
+
+    def is_folded(self, op: ir.Operation) -> bool:
+        return op_key(op) in self._folded
+
+    def is_decided(self, op: ir.Operation) -> bool:
+        key = op_key(op)
+        return key in self._folded or key in self._refusals
+
+    def report(self) -> Report:
+        return Report(folds=list(self._folds), skipped=list(self._refusals.values()),
+                      expanded=self.expanded)

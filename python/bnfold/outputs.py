@@ -1,0 +1,160 @@
+"""Writing results without ever destroying what sits at an output path.
+
+    outputs = Outputs()
+    outputs.add("-o", "folded.mlir", write_module)     # bytes, or a function writing to a file
+    outputs.add("--report", "report.json", report_bytes)
+    outputs.write_all()                                 # all of them, or none
+
+Rules:
+- `-` is standard output (at most one output may use it).
+- A regular file or a missing path is written to a temporary file in the
+  directory of its real (symlink-resolved) path, then renamed over it: a
+  symlink stays a symlink and its target is replaced; an existing file keeps
+  its mode, a new one gets the mode `open()` would give it (umask).
+- Anything else that already exists (a FIFO, a character device such as
+  `/dev/null` or `/dev/stderr`) is opened and written directly, after every
+  staged file was written successfully.
+- A directory, or the same file named by two outputs, is an error before
+  anything is written. Every error path removes its temporary files.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+from bnfold.errors import BnfoldError
+
+Data = bytes | Callable[[BinaryIO], None]
+STDOUT = "-"
+
+
+@dataclass
+class _Output:
+    flag: str
+    path: str
+    data: Data
+    real: str = ""
+    tmp: str | None = None
+
+
+@dataclass
+class Outputs:
+    """A set of outputs written together: all of them or none."""
+
+    _items: list[_Output] = field(default_factory=list)
+
+    def add(self, flag: str, path: str, data: Data) -> None:
+        self._items.append(_Output(flag, path, data))
+
+    def set_data(self, flag: str, data: Data) -> None:
+        """Fills in what the output added as `flag` will hold."""
+        next(o for o in self._items if o.flag == flag).data = data
+
+    def check(self) -> None:
+        """Raises BnfoldError for a directory, or two outputs naming one file or stdout."""
+        seen: dict[str, str] = {}
+        for out in self._items:
+            if out.path == STDOUT:
+                key = STDOUT
+            else:
+                out.real = os.path.realpath(out.path)
+                if os.path.isdir(out.real):
+                    raise BnfoldError(f"cannot write '{out.path}' ({out.flag}): it is a "
+                                      f"directory")
+                key = out.real
+            if key in seen:
+                what = "standard output" if key == STDOUT else f"the same file '{out.path}'"
+                raise BnfoldError(f"{seen[key]} and {out.flag} would both write to {what}; "
+                                  f"give one of them another path")
+            seen[key] = out.flag
+
+    def write_all(self) -> None:
+        self.check()
+        staged = [o for o in self._items if o.path != STDOUT and _is_regular_or_missing(o.real)]
+        direct = [o for o in self._items if o.path != STDOUT and o not in staged]
+        stdout = [o for o in self._items if o.path == STDOUT]
+        try:
+            for out in staged:
+                _stage(out)
+            for out in direct:
+                _write_direct(out)
+            for out in stdout:
+                data = _bytes(out.data)
+                sys.stdout.buffer.write(data)
+                sys.stdout.buffer.flush()
+            for out in staged:
+                assert out.tmp is not None
+                os.replace(out.tmp, out.real)
+                out.tmp = None
+        finally:
+            for out in staged:
+                if out.tmp is not None and os.path.exists(out.tmp):
+                    os.unlink(out.tmp)
+
+
+def write_file(path: str, data: Data, flag: str = "output") -> None:
+    """Writes one output under the rules above."""
+    outputs = Outputs()
+    outputs.add(flag, path, data)
+    outputs.write_all()
+
+
+def _is_regular_or_missing(path: str) -> bool:
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:
+        return True
+
+
+def _bytes(data: Data) -> bytes:
+    if isinstance(data, bytes):
+        return data
+    buffer = io.BytesIO()
+    data(buffer)
+    return buffer.getvalue()
+
+
+def _emit(data: Data, file: BinaryIO) -> None:
+    if isinstance(data, bytes):
+        file.write(data)
+    else:
+        data(file)
+
+
+def _stage(out: _Output) -> None:
+    directory = os.path.dirname(out.real)
+    try:
+        fd, out.tmp = tempfile.mkstemp(prefix=".bnfold-", dir=directory)
+    except OSError as e:
+        raise BnfoldError(f"cannot write '{out.path}' ({out.flag}): {e.strerror}") from None
+    try:
+        with os.fdopen(fd, "wb") as f:
+            _emit(out.data, f)
+        os.chmod(out.tmp, _mode_for(out.real))
+    except OSError as e:
+        raise BnfoldError(f"cannot write '{out.path}' ({out.flag}): {e.strerror}") from None
+
+
+def _mode_for(path: str) -> int:
+    """An existing file's permission bits, or what open() would give a new file."""
+    try:
+        return stat.S_IMODE(os.stat(path).st_mode)
+    except FileNotFoundError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+def _write_direct(out: _Output) -> None:
+    try:
+        with open(out.path, "wb") as f:
+            _emit(out.data, f)
+    except OSError as e:
+        raise BnfoldError(f"cannot write '{out.path}' ({out.flag}): {e.strerror}") from None

@@ -1,0 +1,72 @@
+"""IR builders shared by the folding patterns: the new kernel and the bias add.
+
+Both only create ops (with the location and discardable attributes of the
+ops they stand in for); neither changes an existing op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from bnfold import elements, precision
+from bnfold.graph import carry_attributes
+from bnfold.ir import ir, stablehlo
+from bnfold.producers import Kernel
+
+
+@dataclass(frozen=True)
+class KernelRewrite:
+    """A kernel scaled in float64 and rounded once, and where it goes."""
+
+    kernel: Kernel
+    rounded: precision.Rounded
+    operand: int  # the producer operand it replaces
+
+    @property
+    def worst_relative_rounding(self) -> float:
+        return self.rounded.worst_relative_rounding
+
+    def build(self, fallback: ir.Location) -> ir.Value:
+        """Creates the new kernel constant (and its convert) at the insertion point."""
+        kernel = self.kernel
+        source_type = (kernel.convert.operands[0].type if kernel.convert is not None
+                       else kernel.value.type)
+        ty = ir.RankedTensorType(source_type)
+        anchor = kernel.anchor
+        loc = anchor.location if anchor is not None else fallback
+        const = stablehlo.ConstantOp(self._attr(ty), loc=loc)
+        if anchor is not None:
+            carry_attributes(anchor, const.operation)
+        if kernel.convert is None:
+            return const.result
+        convert = stablehlo.ConvertOp(kernel.value.type, const.result,
+                                      loc=kernel.convert.location)
+        carry_attributes(kernel.convert, convert.operation)
+        return convert.result
+
+    def _attr(self, ty: ir.RankedTensorType) -> ir.Attribute:
+        values = self.rounded.values
+        if self.rounded.splat:
+            scalar = ir.FloatAttr.get(ty.element_type, float(values.item()))
+            return ir.DenseElementsAttr.get_splat(ty, scalar)
+        return elements.dense_attr(values, ty.element_type)
+
+
+def plan_kernel(kernel: Kernel, factor: np.ndarray, operand: int) -> KernelRewrite | str:
+    """`kernel * factor` rounded under the precision contract, or why not."""
+    rounded = precision.round_scaled(kernel.values, kernel.shape, factor, kernel.storage,
+                                     kernel.effective)
+    if isinstance(rounded, str):
+        return rounded
+    return KernelRewrite(kernel, rounded, operand)
+
+
+def bias_add(result: ir.Value, bias: np.ndarray, axis: int, loc: ir.Location) -> ir.Value:
+    """`add(result, broadcast_in_dim(bias, dims=[axis]))` at the insertion point."""
+    ty = ir.RankedTensorType(result.type)
+    with loc:
+        const = stablehlo.ConstantOp(elements.dense_attr(bias, ty.element_type))
+        bcast = stablehlo.BroadcastInDimOp(ty, const.result, [axis])
+        return stablehlo.AddOp(result, bcast.result).result
