@@ -943,11 +943,9 @@ MEAN_AS_ARGUMENT = """module {
 """
 
 
-@pytest.mark.xfail(strict=True, reason="bnfold gap: a decomposed normalization whose statistic is a "
-                   "function argument (here the mean) is left alone, correctly, but report.skipped "
-                   "says nothing: the non-constant step cuts the chain off from the producer, so no "
-                   "pattern records a reason (batch_norm_inference gets one)")
 def test_regression_decomposed_norm_with_argument_statistic_has_a_reason():
+    """Was a strict xfail: the argument cut the chain off, so no reason was recorded."""
     folded, report = bnfold.fold_text(MEAN_AS_ARGUMENT)
     assert folded == printed(MEAN_AS_ARGUMENT) and not report.folds
-    assert report.skipped, report.dumps()
+    (skip,) = report.skipped
+    assert "function argument %arg1" in skip.reason and "--bind-params" in skip.reason

@@ -65,7 +65,7 @@ class Outputs:
                 key = STDOUT
             else:
                 out.real = os.path.realpath(out.path)
-                if os.path.isdir(out.real):
+                if os.path.isdir(out.path):
                     raise BnfoldError(f"cannot write '{out.path}' ({out.flag}): it is a "
                                       f"directory")
                 key = out.real
@@ -77,7 +77,7 @@ class Outputs:
 
     def write_all(self) -> None:
         self.check()
-        staged = [o for o in self._items if o.path != STDOUT and _is_regular_or_missing(o.real)]
+        staged = [o for o in self._items if o.path != STDOUT and _is_regular_or_missing(o.path)]
         direct = [o for o in self._items if o.path != STDOUT and o not in staged]
         stdout = [o for o in self._items if o.path == STDOUT]
         try:
@@ -107,6 +107,7 @@ def write_file(path: str, data: Data, flag: str = "output") -> None:
 
 
 def _is_regular_or_missing(path: str) -> bool:
+    """What `path` (symlinks followed) is: a regular file, or nothing yet."""
     try:
         return stat.S_ISREG(os.stat(path).st_mode)
     except FileNotFoundError:

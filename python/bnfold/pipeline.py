@@ -27,7 +27,7 @@ from bnfold.affine import Analysis, Step
 from bnfold.cleanup import remove_dead_ops
 from bnfold.constants import Evaluator
 from bnfold.errors import BnfoldError
-from bnfold.graph import function_name, functions as module_functions, symbol_name
+from bnfold.graph import function_name, functions as module_functions, is_dead, symbol_name
 from bnfold.binding import bind_arguments
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger, Refusal, op_key
@@ -179,7 +179,7 @@ class _Pass:
 
     def backward(self, chain: chains.Chain) -> tuple[ir.Operation, ir.Operation] | None:
         producer = backward_affine.match(chain)
-        if producer is None:
+        if producer is None or is_dead(chain.tail.op):
             return None
         plan = backward_affine.plan(producer, chain, self.analysis)
         if isinstance(plan, str):
@@ -197,7 +197,7 @@ class _Pass:
 
     def forward(self, producer: ir.Operation) -> tuple[Fold, ir.Operation] | None:
         match = forward_affine.match(producer, self.analysis)
-        if match is None:
+        if match is None or is_dead(producer):
             return None
         plan = forward_affine.plan(match, self.analysis)
         if plan is None:
@@ -221,7 +221,7 @@ class _Pass:
         if sum(1 for s in chain.steps if s.name not in affine.LAYOUT) < 2:
             return
         plan = backward_affine.plan(producer, chain, self.analysis, require_normalizing=False)
-        if isinstance(plan, str) or plan.kernel is not None:
+        if isinstance(plan, str):
             return
         backward_affine.apply(plan)
         self.ledger.consume(fold, [s.op for s in plan.steps])
@@ -239,8 +239,8 @@ class _Pass:
         """One reason for every normalization-like chain (and batch norm) that did not fold."""
         for chain in found.chains:
             rest = [s for s in chain.steps if not self.ledger.is_folded(s.op)]
-            if not rest:
-                continue
+            if not rest or is_dead(rest[-1].op):
+                continue  # dead code: the cleanup removes it
             norm = affine.norm_op(rest)
             notes = self.notes.get(op_key(norm))
             # A failed attempt on a scaling chain is worth explaining too.

@@ -73,6 +73,8 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
     converted to `effective` (the producer's operand type).
     """
     size = math.prod(shape)
+    if factor.size > 1 and np.all(factor == factor.flat[0]):
+        factor = factor.reshape(-1)[:1].reshape((1,) * factor.ndim)  # a uniform scale
     if compact.shape != tuple(shape):
         product = compact.astype(np.float64) * factor
         if product.size == 1:

@@ -106,4 +106,8 @@ class Report:
         text += f", skipped {len(self.skipped)}"
         if self.expanded:
             text += f", expanded {self.expanded} batch_norm_inference"
+        if self.skipped and not self.folds and \
+                all("function argument" in s.reason for s in self.skipped):
+            text += ("; every normalization's parameters are function arguments: bind them "
+                     "with --bind-params FILE.npz (or bnfold.jax_export.fold_exported)")
         return text

@@ -51,7 +51,7 @@ class Plan:
     producer: ir.Operation
     steps: tuple[Step, ...]  # the folded prefix of the chain
     affine: Affine
-    kernel: KernelRewrite | None  # None when the scale is exactly 1
+    kernel: KernelRewrite | None  # None: kernel kept (a merged bias, scale exactly 1)
     bias: np.ndarray | None  # None when the shift is exactly 0
     rest_reason: str | None  # why the chain's remaining steps did not fold
 
@@ -106,7 +106,9 @@ def plan(producer: ir.Operation, chain: Chain, analysis: Analysis, *,
     if not (np.all(np.isfinite(fit.scale)) and np.all(np.isfinite(fit.shift))):
         return "folded scale or shift is not finite"
     rewrite: KernelRewrite | None = None
-    if np.any(fit.scale != 1):
+    # A normalization always gets a new, canonical kernel constant; merging a
+    # bias (require_normalizing=False) keeps the kernel when the scale is 1.
+    if require_normalizing or np.any(fit.scale != 1):
         kernel = producers.kernel(producer.operands[kernel_axis.operand], compute,
                                   analysis.evaluator, _producer_word(producer))
         if isinstance(kernel, str):
