@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import jax
-import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -318,9 +318,11 @@ def test_all_arguments_module_explains_every_normalization_and_says_so_in_the_su
 # --- property: mixed precision, narrow kernels, dead channels ---------------------------
 
 DTYPES = {"f16": np.float16, "bf16": ml_dtypes.bfloat16, "f32": np.float32}
+# The property suite's profiles: 40 derandomized examples in CI, 5000 random when thorough.
+THOROUGH = os.environ.get("BNFOLD_HYPOTHESIS_PROFILE") == "thorough"
 
 
-@settings(max_examples=40, deadline=None, derandomize=True,
+@settings(max_examples=5000 if THOROUGH else 40, deadline=None, derandomize=not THOROUGH,
           suppress_health_check=[HealthCheck.too_slow])
 @given(kernel=st.sampled_from(["f16", "bf16", "f32"]), result=st.sampled_from(["f16", "bf16", "f32"]),
        via_convert=st.booleans(), dead=st.booleans(), seed=st.integers(0, 2**16))
