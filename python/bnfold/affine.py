@@ -26,7 +26,7 @@ import numpy as np
 from bnfold.constants import (Const, Evaluator, describe_argument, map_axis_through_reshape,
                               parameter_argument, per_channel)
 from bnfold.elements import tensor_type
-from bnfold.graph import live_users, same_block, sole_live_user
+from bnfold.graph import same_block, sole_live_user
 from bnfold.ir import ir, stablehlo
 
 STEP_NAMES = (
@@ -132,10 +132,6 @@ def _as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
 def _size(value: ir.Value) -> int:
     ty = tensor_type(value)
     return -1 if ty is None else math.prod(ty.shape)
-
-
-def single_use(value: ir.Value) -> bool:
-    return len(live_users(value)) == 1
 
 
 def extends(value: ir.Value, analysis: Analysis) -> Step | None:

@@ -14,6 +14,7 @@ dead, are erased here, and the sweep repeats once to collect what they fed.
 from __future__ import annotations
 
 from bnfold.constants import EVALUATED_OPS
+from bnfold.graph import functions as module_functions, is_private, symbol_name
 from bnfold.ir import ir, rewrite
 
 _MAX_DEPTH = 16
@@ -21,9 +22,7 @@ _MAX_DEPTH = 16
 
 def remove_dead_ops(module: ir.Module, functions: set[str]) -> None:
     """Erases unused side-effect-free ops in `functions`."""
-    targets = [op.operation for op in module.body.operations
-               if op.operation.name == "func.func"
-               and ir.StringAttr(op.attributes["sym_name"]).value in functions]
+    targets = [f for f in module_functions(module) if symbol_name(f) in functions]
     pure_callees = _pure_functions(module)
     for func in targets:
         _erase_trivially_dead(func)
@@ -63,16 +62,9 @@ def _erase_dead_calls(func: ir.Operation, pure_callees: set[str]) -> int:
 def _pure_functions(module: ir.Module) -> set[str]:
     """Private functions whose bodies only compute (no side effects, no custom calls)."""
     bodies: dict[str, list[ir.Operation]] = {}
-    for op in module.body.operations:
-        if op.operation.name != "func.func":
-            continue
-        attrs = op.attributes
-        if "sym_visibility" not in attrs or ir.StringAttr(attrs["sym_visibility"]).value != "private":
-            continue
-        if len(op.regions[0].blocks) != 1:
-            continue
-        name = ir.StringAttr(attrs["sym_name"]).value
-        bodies[name] = [o.operation for o in op.regions[0].blocks[0].operations]
+    for func in module_functions(module):
+        if is_private(func) and len(func.regions[0].blocks) == 1:
+            bodies[symbol_name(func)] = [o.operation for o in func.regions[0].blocks[0].operations]
     pure: set[str] = set()
     for _ in range(_MAX_DEPTH):
         grew = False

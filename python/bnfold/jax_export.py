@@ -81,12 +81,16 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
                          "\n  ".join(problems))
 
     kept = list(exported.module_kept_var_idx)
-    n_inputs = _main_arity(exported)
-    offset = n_inputs - len(kept)  # platform index / effect tokens come first
-    if offset < 0:
-        raise BnfoldError("exported main has fewer arguments than kept inputs")
-    by_module_arg: dict[str | int, Any] = {offset + kept.index(flat): value
-                                           for flat, value in bound_flat.items() if flat in kept}
+
+    def by_module_arg(module: Any) -> dict[str | int, Any]:
+        """Flat input positions -> argument indices of the module's @main."""
+        n_inputs = len(find_function(module, "main").regions[0].blocks[0].arguments)
+        offset = n_inputs - len(kept)  # platform index / effect tokens come first
+        if offset < 0:
+            raise BnfoldError("exported main has fewer arguments than kept inputs")
+        return {offset + kept.index(flat): value
+                for flat, value in bound_flat.items() if flat in kept}
+
     folded_module = fold_source(exported.mlir_module_serialized, name=exported.fun_name,
                                 options=options, bindings=by_module_arg)
     report = folded_module.report
@@ -110,16 +114,6 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
         _get_vjp=None,  # the original VJP would differentiate the unfolded module
     )
     return folded, report
-
-
-def _main_arity(exported: Any) -> int:
-    """How many arguments the exported module's @main takes."""
-    from bnfold import ir as bir
-
-    context = bir.make_context()
-    module = bir.parse(exported.mlir_module_serialized, context, name=exported.fun_name)
-    with context:
-        return len(find_function(module, "main").regions[0].blocks[0].arguments)
 
 
 def _check_supported(exported: Any) -> None:

@@ -18,7 +18,7 @@ into the `Report` once at the end.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from bnfold.patterns.rewrite import KernelRewrite
 from bnfold.report import Fold, Report
 
 PASS_NAME = "bnfold"
+Bindings = Mapping[str | int, Any] | Callable[[ir.Module], Mapping[str | int, Any]]
 OPT_IN = {expand_batch_norm.NAME: "expand_batch_norm"}
 
 
@@ -93,20 +94,24 @@ class Folded:
 
 def fold_source(data: bytes | str | None = None, *, path: str | None = None,
                 name: str = "<input>", options: FoldOptions | None = None,
-                bindings: Mapping[str | int, Any] | None = None,
+                bindings: Bindings | None = None,
                 bind_function: str = "main") -> Folded:
     """The one pipeline: parse -> bind -> fold -> verify (-> report, write by the caller).
 
     Reads `data` (text, bytecode or a portable artifact) or the file at
-    `path`, in a fresh context. Used by `fold_text`, the CLI, the jax.export
-    hook and the numerics harness. Raises `BnfoldError` for bad input.
+    `path`, in a fresh context. `bindings` maps arguments of
+    `bind_function` (by `argN`, name or index) to values, or is a function of
+    the parsed module returning that mapping. Used by `fold_text`, the CLI,
+    the jax.export hook and the numerics harness. Raises `BnfoldError` for
+    bad input.
     """
     context = make_context()
     module = parse(data, context, name=name) if path is None else \
         parse_path(path, context, name=name)
     with context, ir.Location.unknown():
-        if bindings:
-            bind_arguments(module, bindings, function=bind_function, source_name=name)
+        values = bindings(module) if callable(bindings) else bindings
+        if values:
+            bind_arguments(module, values, function=bind_function, source_name=name)
         report = fold_module(module, options, source_name=name)
     return Folded(module, context, report)
 
