@@ -42,6 +42,7 @@ def test_interpreter_abort_is_contained():
       return %0 : tensor<2xf32>
     }"""
     import numpy as np
+
     from bnfold.errors import BnfoldError
     with pytest.raises(BnfoldError, match="cannot run stablehlo.custom_call"):
         numerics.interpret(text, [np.zeros(2, np.float32)])

@@ -645,7 +645,7 @@ def child_inference(payload: dict[str, Any]) -> dict[str, Any]:
         x = jax.device_put(np.random.default_rng(0).standard_normal(shape).astype(np.float32),
                            device)
 
-        def run(exe: Any) -> list[Any]:
+        def run(exe: Any, x: Any = x) -> list[Any]:
             outs = exe.execute_sharded([x]).disassemble_into_single_device_arrays()
             return jax.block_until_ready([o[0] for o in outs])
 

@@ -40,8 +40,8 @@ import functools
 import json
 import sys
 import zlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import ml_dtypes
 import numpy as np
@@ -124,7 +124,7 @@ class ConvSpec:
     def rank(self) -> int:
         return len(self.lhs) - 2
 
-    def filled(self) -> "ConvSpec":
+    def filled(self) -> ConvSpec:
         n = self.rank
         return dataclasses.replace(
             self,

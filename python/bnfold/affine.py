@@ -23,8 +23,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from bnfold.constants import (Const, Evaluator, describe_argument, map_axis_through_reshape,
-                              parameter_argument, per_channel)
+from bnfold.constants import (
+    Const,
+    Evaluator,
+    describe_argument,
+    map_axis_through_reshape,
+    parameter_argument,
+    per_channel,
+)
 from bnfold.elements import tensor_type
 from bnfold.graph import same_block, sole_live_user
 from bnfold.ir import ir, stablehlo
@@ -223,7 +229,7 @@ def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) ->
     if feature != affine.axis and not one_channel:
         return f"feature_index {feature} is not the producer's output-feature axis {affine.axis}"
     stats: dict[str, np.ndarray] = {}
-    for name, value in zip(("gamma", "beta", "mean", "variance"), list(op.operands)[1:]):
+    for name, value in zip(("gamma", "beta", "mean", "variance"), list(op.operands)[1:], strict=True):
         const = evaluator.constant(value)
         if const is None:
             argument = parameter_argument(value, evaluator)
@@ -236,7 +242,7 @@ def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) ->
             return f"batch_norm_inference {name}: {vector}"
         stats[name] = vector
     eps = ir.FloatAttr(op.attributes["epsilon"]).value
-    stats["epsilon"] = np.float64(eps)
+    stats["epsilon"] = np.asarray(eps, dtype=np.float64)
     denom = stats["variance"] + eps
     if np.any(denom <= 0) or not np.all(np.isfinite(denom)):
         return "variance + epsilon is not positive and finite"
@@ -336,5 +342,6 @@ def replay_layout(value: ir.Value, steps: list[Step]) -> ir.Value:
         if s.name == "stablehlo.reshape":
             value = stablehlo.ReshapeOp(result_type, value).result
         else:
-            value = stablehlo.TransposeOp(value, s.op.attributes["permutation"]).result
+            permutation = ir.DenseI64ArrayAttr(s.op.attributes["permutation"])
+            value = stablehlo.TransposeOp(value, permutation).result
     return value

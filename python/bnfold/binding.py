@@ -110,7 +110,7 @@ def _replace_arguments(func: ir.Operation, chosen: Mapping[int, np.ndarray]) -> 
         arg = block.arguments[index]
         ty = ir.RankedTensorType(arg.type)
         with ir.InsertionPoint(first), arg.location:
-            const = stablehlo.ConstantOp(_attr(array, ty))
+            const = stablehlo.ConstantOp(elements.array_attr(array, ty))
         arg.replace_all_uses_with(const.result)
     for index in sorted(chosen, reverse=True):
         block.erase_argument(index)
@@ -122,8 +122,3 @@ def _replace_arguments(func: ir.Operation, chosen: Mapping[int, np.ndarray]) -> 
         kept = [a for i, a in enumerate(ir.ArrayAttr(func.attributes["arg_attrs"])) if i not in chosen]
         func.attributes["arg_attrs"] = ir.ArrayAttr.get(kept)
 
-
-def _attr(array: np.ndarray, ty: ir.RankedTensorType) -> ir.Attribute:
-    if elements.is_float(ty.element_type):
-        return elements.dense_attr(array, ty.element_type)
-    return ir.DenseElementsAttr.get(np.ascontiguousarray(array), type=ty)

@@ -14,7 +14,8 @@ dead, are erased here, and the sweep repeats once to collect what they fed.
 from __future__ import annotations
 
 from bnfold.constants import EVALUATED_OPS
-from bnfold.graph import functions as module_functions, is_private, symbol_name
+from bnfold.graph import functions as module_functions
+from bnfold.graph import is_private, symbol_name
 from bnfold.ir import ir, rewrite
 
 _MAX_DEPTH = 16

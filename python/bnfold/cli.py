@@ -16,7 +16,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from bnfold import __version__
 from bnfold.errors import BnfoldError
@@ -215,7 +215,7 @@ def _write_module(folded: Folded, args: argparse.Namespace, file: BinaryIO) -> N
 
 
 def _process(args: argparse.Namespace, options: FoldOptions, name: str,
-             bound: dict[str, object] | None,
+             bound: dict[str | int, Any] | None,
              report: Report, *, data: bytes | None = None,
              path: str | None = None) -> Folded | None:
     """Parses, binds and folds one module; prints errors and returns None on failure."""
@@ -240,7 +240,7 @@ def _split(data: bytes) -> list[bytes]:
     return chunks
 
 
-def _load_params(path: str) -> dict[str, object]:
+def _load_params(path: str) -> dict[str | int, Any]:
     import numpy as np
 
     try:

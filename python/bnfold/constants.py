@@ -156,7 +156,7 @@ class Evaluator:
                 return r
             args.append(r)
         block = callee.regions[0].blocks[0]
-        bindings = dict(zip(block.arguments, args))
+        bindings = dict(zip(block.arguments, args, strict=True))
         inner = Evaluator(self._module, bindings=bindings, depth=self._depth + 1,
                           functions=self._functions)
         terminator = list(block.operations)[-1]
@@ -261,8 +261,8 @@ def _slice(op, args, shape, dtype):
     starts = _dense_i64(op, "start_indices")
     limits = _dense_i64(op, "limit_indices")
     strides = _dense_i64(op, "strides")
-    index = tuple(slice(s, l, st) if n > 1 else slice(None)
-                  for s, l, st, n in zip(starts, limits, strides, array.shape))
+    index = tuple(slice(s, lim, st) if n > 1 else slice(None)
+                  for s, lim, st, n in zip(starts, limits, strides, array.shape, strict=True))
     return array[index]
 
 
@@ -424,7 +424,7 @@ def is_function_argument(value: ir.Value) -> bool:
 
 def describe_argument(value: ir.Value) -> str:
     """`function argument %arg3 ('params['mean']')` for the report."""
-    arg = ir.BlockArgument(value)
+    arg: ir.BlockArgument = ir.BlockArgument(value)
     name = location_name(arg.location)
     return f"function argument %arg{arg.arg_number}" + (f" ({name})" if name else "")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from typing import Any, cast
 
 import numpy as np
 
@@ -200,7 +201,9 @@ def element_type(dtype: np.dtype) -> ir.Type:
     """The MLIR float type of a numpy float dtype."""
     if is_bf16(dtype):
         return ir.BF16Type.get()
-    return {2: ir.F16Type, 4: ir.F32Type, 8: ir.F64Type}[dtype.itemsize].get()
+    if dtype.itemsize == 2:
+        return ir.F16Type.get()
+    return ir.F32Type.get() if dtype.itemsize == 4 else ir.F64Type.get()
 
 
 def dense_attr(array: np.ndarray, element: ir.Type) -> ir.DenseElementsAttr:
@@ -211,5 +214,17 @@ def dense_attr(array: np.ndarray, element: ir.Type) -> ir.DenseElementsAttr:
     rounded = np.array(array, dtype=dtype, order="C", copy=None)
     ty = ir.RankedTensorType.get(list(rounded.shape), element)
     if is_bf16(dtype):
-        return ir.DenseElementsAttr.get(rounded.view(np.uint16), type=ty)
-    return ir.DenseElementsAttr.get(rounded, type=ty)
+        rounded = rounded.view(np.uint16)
+    # numpy arrays are buffers; jaxlib's stubs only say `Buffer`.
+    return ir.DenseElementsAttr.get(cast(Any, rounded), type=ty)
+
+
+def array_attr(array: np.ndarray, ty: ir.RankedTensorType | None = None) -> ir.DenseElementsAttr:
+    """`array` as a dense attribute: floats rounded once to `ty`'s (or their own)
+    element type, integers and booleans as they are."""
+    element = ty.element_type if ty is not None else None
+    if element is not None and is_float(element):
+        return dense_attr(array, element)
+    if element is None and (array.dtype.kind == "f" or is_bf16(array.dtype)):
+        return dense_attr(array, element_type(array.dtype))
+    return ir.DenseElementsAttr.get(cast(Any, np.ascontiguousarray(array)), type=ty)

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import ctypes
 import io
-import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import BinaryIO, Literal
 
-from jaxlib.mlir import ir
-from jaxlib.mlir.dialects import chlo, func, mhlo, sdy, stablehlo
 import jaxlib.mlir._mlir_libs._jax_mlir_ext as _jax_mlir_ext
+from jaxlib.mlir import ir
 from jaxlib.mlir._mlir_libs._mlir import rewrite
+from jaxlib.mlir.dialects import chlo, func, mhlo, sdy, stablehlo
 
 from bnfold.errors import BnfoldError
 
@@ -241,9 +240,9 @@ def resource_blob(attr: ir.Attribute) -> bytes:
 
 def xla_cpu_run(text: str, inputs: Sequence[object]) -> list[object]:
     """Compiles StableHLO text on XLA CPU and runs it; returns numpy arrays."""
-    import numpy as np
     import jax
     import jax.extend
+    import numpy as np
     from jax._src.lib import xla_client as xc
 
     backend = jax.extend.backend.get_backend("cpu")

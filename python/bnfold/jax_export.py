@@ -60,14 +60,14 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
     starts = np.cumsum([0] + [t.num_leaves for t in arg_trees])
     bound_flat: dict[int, np.ndarray] = {}
     problems: list[str] = []
-    for n, value in zip(nums, values):
+    for n, value in zip(nums, values, strict=True):
         leaves, tree = tree_util.tree_flatten(value)
         if tree != arg_trees[n]:
             problems.append(f"argument {n}: pytree structure {tree} does not match the exported "
                             f"{arg_trees[n]}")
             continue
         paths = [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(value)[0]]
-        for k, (leaf, path) in enumerate(zip(leaves, paths)):
+        for k, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
             flat = int(starts[n]) + k
             aval = exported.in_avals[flat]
             array = np.asarray(leaf)

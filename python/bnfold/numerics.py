@@ -70,7 +70,7 @@ def main_signature(module: ir.Module, name: str = "main") -> Signature:
 def random_inputs(signature: Signature, seed: int = 0) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     out = []
-    for shape, dtype in zip(signature.shapes, signature.dtypes):
+    for shape, dtype in zip(signature.shapes, signature.dtypes, strict=True):
         if dtype.kind in "iub":
             out.append(rng.integers(0, 2, size=shape).astype(dtype))
         else:
@@ -106,7 +106,7 @@ def check_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray],
         raise AssertionError(f"{len(actual)} outputs, expected {len(expected)}")
     limit = tolerance(element_type) if rtol is None else rtol
     worst = 0.0
-    for i, (a, e) in enumerate(zip(actual, expected)):
+    for i, (a, e) in enumerate(zip(actual, expected, strict=True)):
         err = relative_error(a, e)
         if not err <= limit:
             raise AssertionError(f"output {i}: relative error {err:.3g} > {limit:.3g} ({element_type})")
@@ -116,7 +116,7 @@ def check_close(actual: Sequence[np.ndarray], expected: Sequence[np.ndarray],
 
 def run_xla(module: ir.Module | str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     text = module if isinstance(module, str) else serialize(module, "mlir").decode()
-    return xla_cpu_run(text, list(inputs))
+    return [np.asarray(r) for r in xla_cpu_run(text, list(inputs))]
 
 
 class InterpreterCrash(RuntimeError):
@@ -160,7 +160,7 @@ def _interpret_here(text: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]
         for name in _ops_in(stablehlo_module):
             if name in _UNSUPPORTED_BY_INTERPRETER:
                 raise BnfoldError(f"the reference interpreter cannot run {name}")
-        args = [_to_attr(np.asarray(x)) for x in inputs]
+        args = [elements.array_attr(np.asarray(x)) for x in inputs]
         results = _interpret(stablehlo_module, args)
         return [elements.read_native(r) for r in results]
 
@@ -174,12 +174,6 @@ def _ops_in(module: ir.Module) -> set[str]:
 
     module.operation.walk(visit)
     return names
-
-
-def _to_attr(array: np.ndarray) -> ir.Attribute:
-    if array.dtype.kind == "f" or elements.is_bf16(array.dtype):
-        return elements.dense_attr(array, elements.element_type(array.dtype))
-    return ir.DenseElementsAttr.get(np.ascontiguousarray(array))
 
 
 def _child(request: str) -> None:

@@ -24,11 +24,12 @@ from typing import Any
 
 from bnfold import affine, chains, elements
 from bnfold.affine import Analysis, Step
+from bnfold.binding import bind_arguments
 from bnfold.cleanup import remove_dead_ops
 from bnfold.constants import Evaluator
 from bnfold.errors import BnfoldError
-from bnfold.graph import function_name, functions as module_functions, is_dead, symbol_name
-from bnfold.binding import bind_arguments
+from bnfold.graph import function_name, is_dead, symbol_name
+from bnfold.graph import functions as module_functions
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger, Refusal, op_key
 from bnfold.patterns import PATTERNS, backward_affine, expand_batch_norm, forward_affine
@@ -106,8 +107,12 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     bad input.
     """
     context = make_context()
-    module = parse(data, context, name=name) if path is None else \
-        parse_path(path, context, name=name)
+    if path is not None:
+        module = parse_path(path, context, name=name)
+    elif data is not None:
+        module = parse(data, context, name=name)
+    else:
+        raise BnfoldError("fold_source needs data or a path")
     with context, ir.Location.unknown():
         values = bindings(module) if callable(bindings) else bindings
         if values:

@@ -79,12 +79,12 @@ def output_kernel_axis(op: ir.Operation, result_axis: int) -> KernelAxis | str:
             return (f"normalized axis {result_axis} is not the convolution's output feature "
                     f"dimension {dims.output_feature_dimension}")
         return KernelAxis(1, dims.kernel_output_feature_dimension)
-    dims = dot_dims(op)
+    dot = dot_dims(op)
     lhs_rank = ir.RankedTensorType(op.operands[0].type).rank
     rhs_rank = ir.RankedTensorType(op.operands[1].type).rank
-    n_batch = len(dims.lhs_batching_dimensions)
-    lhs_free = _free_dims(lhs_rank, dims.lhs_batching_dimensions, dims.lhs_contracting_dimensions)
-    rhs_free = _free_dims(rhs_rank, dims.rhs_batching_dimensions, dims.rhs_contracting_dimensions)
+    n_batch = len(dot.lhs_batching_dimensions)
+    lhs_free = _free_dims(lhs_rank, dot.lhs_batching_dimensions, dot.lhs_contracting_dimensions)
+    rhs_free = _free_dims(rhs_rank, dot.rhs_batching_dimensions, dot.rhs_contracting_dimensions)
     if result_axis < n_batch:
         return f"normalized axis {result_axis} is a dot_general batching dimension"
     if result_axis < n_batch + len(lhs_free):
@@ -227,10 +227,10 @@ def input_scale_map(op: ir.Operation, operand: int, axis: int) -> InputScaleMap 
         groups = ir.IntegerAttr(op.attributes["feature_group_count"]).value
         return InputScaleMap(1, dims.kernel_input_feature_dimension,
                              dims.kernel_output_feature_dimension, groups)
-    dims = dot_dims(op)
-    mine, theirs = ((dims.lhs_contracting_dimensions, dims.rhs_contracting_dimensions)
+    dot = dot_dims(op)
+    mine, theirs = ((dot.lhs_contracting_dimensions, dot.rhs_contracting_dimensions)
                     if operand == 0 else
-                    (dims.rhs_contracting_dimensions, dims.lhs_contracting_dimensions))
+                    (dot.rhs_contracting_dimensions, dot.lhs_contracting_dimensions))
     if axis not in mine:
         return f"normalized axis {axis} is not a contracting dimension of the dot_general"
     return InputScaleMap(1 - operand, theirs[list(mine).index(axis)], None, 1)

@@ -88,7 +88,8 @@ class Report:
     def params_npz(self) -> bytes:
         import io
         buf = io.BytesIO()
-        np.savez(buf, **self.params())
+        arrays: dict[str, Any] = dict(self.params())  # numpy's stub types **kwds as bool
+        np.savez(buf, **arrays)
         return buf.getvalue()
 
     def save_params(self, path: str) -> None:

@@ -198,10 +198,10 @@ def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, kernel: prod
         out_kernel = dims.kernel_output_feature_dimension
         axes = tuple(d for d in range(len(kernel.shape)) if d != out_kernel)
         return np.sum(values * t, axis=axes), dims.output_feature_dimension
-    dims = producers.dot_dims(op)
+    dot = producers.dot_dims(op)
     const_index = mapping.operand
-    batching = dims.rhs_batching_dimensions if const_index == 1 else dims.lhs_batching_dimensions
-    contracting = dims.rhs_contracting_dimensions if const_index == 1 else dims.lhs_contracting_dimensions
+    batching = dot.rhs_batching_dimensions if const_index == 1 else dot.lhs_batching_dimensions
+    contracting = dot.rhs_contracting_dimensions if const_index == 1 else dot.lhs_contracting_dimensions
     free = [d for d in range(len(kernel.shape)) if d not in batching and d not in contracting]
     if batching or len(free) != 1:
         return "the shift of a dot_general input folds only into a weight with one free dimension"
