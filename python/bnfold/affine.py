@@ -31,7 +31,7 @@ from bnfold.constants import (
     parameter_argument,
     per_channel,
 )
-from bnfold.elements import tensor_type
+from bnfold.elements import is_float, tensor_type
 from bnfold.graph import same_block, sole_live_user
 from bnfold.ir import ir, stablehlo
 
@@ -46,7 +46,8 @@ STEP_NAMES = (
     "stablehlo.convert",
     "stablehlo.batch_norm_inference",
 )
-# Steps that only move data (the channel axis may move; values do not change).
+# Steps that only move data or change precision (the channel axis may move; a
+# narrowing convert rounds, and folding replays it where it was).
 LAYOUT = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
 # Steps that carry normalization (as opposed to a bias or a layout change).
 SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
@@ -111,10 +112,10 @@ def _as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
     if tensor_type(op.results[0]) is None:
         return None
     operands = list(op.operands)
-    if name == "stablehlo.convert" and \
-            ir.RankedTensorType(operands[0].type).element_type != \
-            ir.RankedTensorType(op.results[0].type).element_type:
-        return None  # a real conversion rounds: not foldable
+    if name == "stablehlo.convert" and not (
+            is_float(ir.RankedTensorType(operands[0].type).element_type)
+            and is_float(ir.RankedTensorType(op.results[0].type).element_type)):
+        return None  # integer conversions are not affine steps
     if name in ("stablehlo.negate", "stablehlo.batch_norm_inference") + LAYOUT:
         return None if evaluator.constant(operands[0]) is not None else Step(op, 0)
     a_const = evaluator.constant(operands[0]) is not None
@@ -194,7 +195,9 @@ def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | str:
         after = tuple(ir.RankedTensorType(op.results[0].type).shape)
         return replace(affine, axis=permutation.index(affine.axis), shape=after)
     if name == "stablehlo.convert":
-        return affine  # same element type: a no-op
+        # Float to float: exact in float64. A narrowing convert rounds, and the
+        # folded chain replays it at the same place (see `replay_layout`).
+        return affine
     if name == "stablehlo.negate":
         return replace(affine, scale=-affine.scale, shift=-affine.shift)
     if name == "stablehlo.batch_norm_inference":
@@ -324,24 +327,44 @@ def compose(steps: list[Step], start: Affine, evaluator: Evaluator) -> Composed:
 
 
 def replay_layout(value: ir.Value, steps: list[Step]) -> ir.Value:
-    """Re-applies the layout steps of `steps` to `value`, at the current insertion point.
+    """Re-applies the layout steps of `steps` to `value`, in order, at the insertion point.
 
-    Only reshapes: one reshape to the final shape (or none if it is unchanged).
-    With transposes: each layout op again, in order.
+    Layout steps are reshapes, transposes and float converts (mixed precision:
+    a bf16 result widened to f32 for the normalization and narrowed after).
+    Consecutive reshapes become one reshape to their final shape, none when
+    the shape does not change; a convert to the type the value already has
+    is dropped.
     """
-    layout = [s for s in steps if s.name in LAYOUT and s.name != "stablehlo.convert"]
-    if not layout:
-        return value
-    final_type = ir.RankedTensorType(layout[-1].result.type)
-    if all(s.name == "stablehlo.reshape" for s in layout):
-        if tuple(final_type.shape) == tuple(ir.RankedTensorType(value.type).shape):
-            return value
-        return stablehlo.ReshapeOp(final_type, value).result
-    for s in layout:
-        result_type = ir.RankedTensorType(s.result.type)
+    pending: list[int] | None = None  # a reshape not emitted yet
+
+    def flush(v: ir.Value) -> ir.Value:
+        current = ir.RankedTensorType(v.type)
+        if pending is None or list(current.shape) == pending:
+            return v
+        return stablehlo.ReshapeOp(ir.RankedTensorType.get(pending, current.element_type), v).result
+
+    for s in steps:
         if s.name == "stablehlo.reshape":
-            value = stablehlo.ReshapeOp(result_type, value).result
-        else:
+            pending = list(ir.RankedTensorType(s.result.type).shape)
+            continue
+        if s.name == "stablehlo.transpose":
+            value, pending = flush(value), None
             permutation = ir.DenseI64ArrayAttr(s.op.attributes["permutation"])
             value = stablehlo.TransposeOp(value, permutation).result
-    return value
+        elif s.name == "stablehlo.convert":
+            target = ir.RankedTensorType(s.result.type).element_type
+            current = ir.RankedTensorType(value.type)
+            if current.element_type != target:
+                value = stablehlo.ConvertOp(
+                    ir.RankedTensorType.get(list(current.shape), target), value).result
+    return flush(value)
+
+
+def leading_converts(steps: list[Step]) -> list[Step]:
+    """The float converts right after the producer (a widened mixed-precision result)."""
+    lead: list[Step] = []
+    for s in steps:
+        if s.name != "stablehlo.convert":
+            break
+        lead.append(s)
+    return lead

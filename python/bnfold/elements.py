@@ -45,7 +45,8 @@ def bfloat16() -> np.dtype:
 
 
 def is_bf16(dtype: np.dtype) -> bool:
-    return dtype.name == "bfloat16"
+    # ml_dtypes' types are kind "V"; checking the kind first skips the slow `name`.
+    return dtype.kind == "V" and dtype.name == "bfloat16"
 
 
 def numpy_dtype(element_type: ir.Type) -> np.dtype | None:

@@ -56,9 +56,15 @@ def is_dead(op: ir.Operation, _depth: int = 0) -> bool:
 
 def live_users(value: ir.Value) -> list[ir.Operation]:
     """The users of `value` that survive cleanup."""
+    uses = iter(value.uses)
+    first = next(uses, None)
+    if first is None:
+        return []
+    second = next(uses, None)
+    if second is None:  # one user (dead chains are checked by their callers)
+        owner = as_operation(first.owner)
+        return [] if owner is None else [owner]
     found = users(value)
-    if len(found) <= 1:
-        return found
     return [u for u in found if not is_dead(u)]
 
 

@@ -32,8 +32,6 @@ _SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 # A splat (or otherwise compact) kernel is expanded only up to this many
 # elements; beyond, a fold must keep it a splat or refuse.
 MAX_EXPANDED_ELEMENTS = 1 << 24
-# Elements per block when scaling a kernel (float64 temporaries stay in cache).
-_BLOCK = 1 << 16
 
 
 def significand_bits(dtype: np.dtype) -> int:
@@ -90,59 +88,100 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
 
 def _blocks(kernel: np.ndarray, factor: np.ndarray, storage: np.dtype,
             effective: np.dtype) -> Rounded | str:
-    if kernel.ndim == 0:
-        return _finish(np.multiply(kernel, factor, dtype=np.float64), storage, effective,
-                       splat=False)
+    """Scales and rounds in one buffered numpy pass, then checks the whole result."""
     out = np.empty(kernel.shape, dtype=storage)
-    factor = np.broadcast_to(factor, (1,) * (kernel.ndim - factor.ndim) + factor.shape)
-    rows = kernel.shape[0]
-    per_row = max(1, math.prod(kernel.shape[1:]))
-    step = max(1, _BLOCK // per_row)
-    worst = 0.0
-    for start in range(0, rows, step):
-        block = slice(start, start + step)
-        exact = np.multiply(kernel[block], factor[block] if factor.shape[0] > 1 else factor,
-                            dtype=np.float64)
-        result = _check(exact, storage, effective)
-        if isinstance(result, str):
-            return result
-        out[block], block_worst = result
-        worst = max(worst, block_worst)
-    return Rounded(out, False, worst)
+    with np.errstate(all="ignore"):
+        # float64 products, rounded once into `out` (numpy buffers internally).
+        np.multiply(kernel, factor, out=out, dtype=np.float64, casting="unsafe")
+        final = out if np.dtype(effective) == np.dtype(storage) else out.astype(effective)
+        if not np.isfinite(final).all():
+            bad = int(np.count_nonzero(~np.isfinite(final)))
+            biggest = float(np.nanmax(np.abs(np.multiply(kernel, factor, dtype=np.float64))))
+            return _overflow(effective, bad, biggest)
+        # |K * s| > (smallest subnormal) / 2 whenever |s| > 1/2, so only a
+        # smaller scale can push a weight the original kept to zero.
+        kept = int(np.count_nonzero(final))
+        if kept < final.size and np.any(np.abs(factor) <= 0.5):
+            original = kernel if np.dtype(effective) == np.dtype(storage) else \
+                kernel.astype(effective)
+            if not np.all(factor != 0):
+                original = np.multiply(original, factor != 0)
+            lost = int(np.count_nonzero(original)) - kept
+            if lost:
+                return _underflow(effective, lost)
+    return Rounded(out, False, _sampled_rounding(kernel, factor, final))
+
+
+# Weights examined for the reported rounding (evenly strided beyond this).
+ROUNDING_SAMPLE = 1 << 16
+
+
+def _sampled_rounding(kernel: np.ndarray, factor: np.ndarray, final: np.ndarray) -> float:
+    """max |final - K*s| / |K*s| over all weights, or an evenly strided sample of
+    `ROUNDING_SAMPLE` of them for larger kernels (the finiteness and
+    lost-weight checks always cover every weight)."""
+    size = final.size
+    if size == 0:
+        return 0.0
+    if size <= ROUNDING_SAMPLE:
+        exact = np.multiply(kernel, factor, dtype=np.float64).reshape(-1)
+        got = final.astype(np.float64).reshape(-1)
+    else:
+        step = -(-size // ROUNDING_SAMPLE)
+        position = np.arange(0, size, step)
+        # The factor at each sampled position, from its (few) varying axes.
+        factor = factor.reshape((1,) * (final.ndim - factor.ndim) + factor.shape)
+        inner = np.cumprod((final.shape[1:] + (1,))[::-1])[::-1]
+        where = tuple((position // inner[d]) % final.shape[d] if factor.shape[d] > 1 else 0
+                      for d in range(final.ndim))
+        flat_kernel = kernel.reshape(-1) if kernel.flags.c_contiguous else None
+        sampled = flat_kernel[::step] if flat_kernel is not None else \
+            kernel[np.unravel_index(position, final.shape)]
+        exact = np.multiply(sampled, factor[where], dtype=np.float64)
+        got = final.reshape(-1)[::step].astype(np.float64)
+    with np.errstate(all="ignore"):
+        rel = np.abs(got - exact) / np.abs(exact)  # 0/0 is NaN, ignored by fmax
+    worst = float(np.fmax.reduce(rel))
+    return 0.0 if math.isnan(worst) else worst
+
+
+def _overflow(effective: np.dtype, bad: int, biggest: float) -> str:
+    return (f"precision: the folded kernel overflows {type_name(effective)} in {bad} "
+            f"weight(s) (largest |K*s| = {biggest:.3g}); a channel with variance ~0 "
+            f"(a dead channel) has a huge scale. Keep the normalization, or store the "
+            f"kernel in a wider type")
+
+
+def _underflow(effective: np.dtype, lost: int) -> str:
+    return (f"precision: {lost} nonzero weight(s) of the folded kernel round to zero in "
+            f"{type_name(effective)} (the scale is tiny); keep the normalization")
 
 
 def _finish(exact: np.ndarray, storage: np.dtype, effective: np.dtype, *,
              splat: bool) -> Rounded | str:
-    result = _check(np.asarray(exact, dtype=np.float64), storage, effective)
+    with np.errstate(all="ignore"):
+        result = _check(np.asarray(exact, dtype=np.float64).reshape(-1), storage, effective)
     if isinstance(result, str):
         return result
     stored, worst = result
-    return Rounded(np.asarray(stored), splat, worst)
+    return Rounded(stored.reshape(np.shape(exact)), splat, worst)
 
 
 def _check(exact: np.ndarray, storage: np.dtype, effective: np.dtype
            ) -> tuple[np.ndarray, float] | str:
-    """Rounds one block; returns (stored, worst relative rounding) or the violation."""
-    with np.errstate(all="ignore"):
-        stored = exact.astype(storage)
-        final = stored if np.dtype(effective) == np.dtype(storage) else stored.astype(effective)
-        final64 = final.astype(np.float64)
-        if not np.all(np.isfinite(final64)):
-            bad = int(np.count_nonzero(~np.isfinite(final64)))
-            biggest = float(np.max(np.abs(exact[np.isfinite(exact)]), initial=0.0))
-            return (f"precision: the folded kernel overflows {type_name(effective)} in {bad} "
-                    f"weight(s) (largest |K*s| = {biggest:.3g}); a channel with variance ~0 "
-                    f"(a dead channel) has a huge scale. Keep the normalization, or store the "
-                    f"kernel in a wider type")
-        nonzero = exact != 0
-        lost = int(np.count_nonzero(nonzero & (final64 == 0)))
-        if lost:
-            return (f"precision: {lost} nonzero weight(s) of the folded kernel round to zero in "
-                    f"{type_name(effective)} (the scale is tiny); keep the normalization")
-        if not np.any(nonzero):
-            return stored, 0.0
-        rel = np.abs(final64[nonzero] - exact[nonzero]) / np.abs(exact[nonzero])
-    return stored, float(np.max(rel))
+    """Rounds a small 1-D array of exact products; (stored, worst rounding) or the violation."""
+    stored = exact.astype(storage)
+    final = stored if np.dtype(effective) == np.dtype(storage) else stored.astype(effective)
+    final64 = final.astype(np.float64)
+    if not np.isfinite(final64).all():
+        return _overflow(effective, int(np.count_nonzero(~np.isfinite(final64))),
+                         float(np.nanmax(np.abs(exact))))
+    lost = int(np.count_nonzero(exact)) - int(np.count_nonzero(final64))
+    if lost:
+        return _underflow(effective, lost)
+    rel = np.abs(final64 - exact) / np.abs(exact)
+    worst = float(np.fmax.reduce(rel)) if rel.size else 0.0
+    return stored, 0.0 if math.isnan(worst) else worst
 
 
 def narrow_kernel_reason(kernel: np.dtype, compute: np.dtype, producer: str) -> str:

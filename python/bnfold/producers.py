@@ -135,12 +135,15 @@ def kernel(value: ir.Value, compute: np.dtype, evaluator: Evaluator, producer: s
     assert effective is not None
     source, convert = value, None
     owner = defining_op(value)
-    if precision.is_narrower(effective, compute):
-        wide = _wide_source(owner, compute)
-        if wide is None:
-            return precision.narrow_kernel_reason(effective, compute, producer)
+    # Scale the wide constant behind `convert` when there is one, so the kernel
+    # is rounded once, where the original rounded it (Flax's param_dtype=f32,
+    # dtype=bf16); a kernel narrower than the computation needs one.
+    wide = _wide_source(owner, max(effective, compute, key=precision.significand_bits))
+    if wide is not None and evaluator.constant(wide) is not None:
         source, convert = wide, owner
         owner = defining_op(source)
+    elif precision.is_narrower(effective, compute):
+        return precision.narrow_kernel_reason(effective, compute, producer)
     storage = elements.numpy_dtype(elements.tensor_type(source).element_type)  # type: ignore[union-attr]
     assert storage is not None
     shape = tuple(ty.shape)

@@ -119,7 +119,10 @@ def plan(producer: ir.Operation, chain: Chain, analysis: Analysis, *,
             return planned
         rewrite = planned
     bias = fit.shift if np.any(fit.shift != 0) else None
-    if bias is not None and (problem := precision.check_bias(bias, compute)):
+    lead = affine.leading_converts(list(composed.steps))
+    bias_type = elements.tensor_type(lead[-1].result if lead else producer.results[0])
+    bias_dtype = elements.numpy_dtype(bias_type.element_type) if bias_type else compute
+    if bias is not None and (problem := precision.check_bias(bias, bias_dtype or compute)):
         return problem
     return Plan(producer, tuple(composed.steps), fit, rewrite, bias, composed.stop_reason)
 
@@ -155,12 +158,16 @@ def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
             folded = producer.clone(ip=ir.InsertionPoint(producer)).operation
         folded.operands[p.kernel.operand] = kernel_value
     result = folded.results[0]
+    # Mixed precision: the bias goes after the converts that widen the result.
+    lead = affine.leading_converts(steps)
     replacement: ir.Value = result
     with ir.InsertionPoint(steps[0].op):
-        if p.bias is not None:
-            replacement = bias_add(result, p.bias, p.affine.origin, last.op.location)
         with last.op.location:
-            replacement = affine.replay_layout(replacement, steps)
+            replacement = affine.replay_layout(replacement, lead)
+        if p.bias is not None:
+            replacement = bias_add(replacement, p.bias, p.affine.origin, last.op.location)
+        with last.op.location:
+            replacement = affine.replay_layout(replacement, steps[len(lead):])
     assert replacement.type == last.result.type, (replacement.type, last.result.type)
     root_replacement = defining_op(replacement)
     if root_replacement is not None:
