@@ -6,6 +6,7 @@ import os
 import re
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 import pytest
@@ -379,3 +380,42 @@ def test_property_narrow_kernels_fold_exactly_or_refuse_for_precision(kernel, re
     else:
         assert report.skipped and report.skipped[0].reason
         assert "batch_norm_inference" in folded
+
+
+# --- mixed precision chains (Flax dtype=bf16/f16, param_dtype=f32) -------------------
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("param_convert", [True, False])
+def test_mixed_precision_chain_folds_with_the_bias_in_the_wide_type(dtype, param_convert):
+    """conv in bf16/f16 -> convert f32 -> BN math in f32 -> convert back, as Flax emits."""
+    narrow = jnp.dtype(dtype)
+    rng = np.random.default_rng(3)
+    k = rng.normal(size=(3, 3, 3, 8)).astype(np.float32)
+    mean, beta = rng.normal(size=8).astype(np.float32), rng.normal(size=8).astype(np.float32)
+    var, gamma = (rng.uniform(0.5, 2, 8).astype(np.float32),
+                  rng.uniform(0.5, 1.5, 8).astype(np.float32))
+    kernel = jnp.asarray(k) if param_convert else np.asarray(k.astype(narrow))
+
+    def f(x):
+        y = jax.lax.conv_general_dilated(x.astype(narrow), jnp.asarray(kernel).astype(narrow),
+                                         (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        y = (y.astype(jnp.float32) - mean) * jax.lax.rsqrt(var + 1e-5) * gamma + beta
+        return jax.nn.relu(y.astype(narrow))
+
+    x = rng.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    text = jax.jit(f).lower(x).as_text()
+    folded, report = support.fold(text)
+    assert len(report.folds) == 1 and not report.skipped, report.dumps()
+    body = folded[folded.index("func.func public @main"):]
+    assert not re.search(r"stablehlo\.(multiply|subtract|rsqrt|divide)", body)
+    # conv (narrow) -> convert to f32 -> add the f32 bias -> convert back.
+    assert re.search(r"convert %\w+ : \(tensor<2x8x8x8x(bf16|f16)>\) -> tensor<2x8x8x8xf32>\n"
+                     r".*constant.*tensor<8xf32>\n.*broadcast_in_dim.*\n.*stablehlo.add.*xf32>\n"
+                     r".*convert", body), body
+    if param_convert:  # the f32 parameter was scaled, then converted once
+        assert _constants(folded, "tensor<3x3x3x8xf32>")
+    tag = "bf16" if dtype == "bfloat16" else "f16"
+    numerics.check_close(numerics.run_xla(folded, [x]), numerics.run_xla(text, [x]), tag)
+    again, second = support.fold(folded)
+    assert again == folded and not second.folds
