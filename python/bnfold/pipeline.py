@@ -33,7 +33,6 @@ from bnfold.graph import functions as module_functions
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger, Refusal, op_key
 from bnfold.patterns import PATTERNS, backward_affine, expand_batch_norm, forward_affine
-from bnfold.patterns.rewrite import KernelRewrite
 from bnfold.report import Fold, Report
 
 PASS_NAME = "bnfold"
@@ -171,12 +170,10 @@ class _Pass:
         found = chains.find(funcs, self.analysis)
         producers = list(found.producers)
         if self.options.enabled(backward_affine.NAME):
-            replaced = {op_key(p): p for p in producers}
+            replaced: dict[int, ir.Operation] = {}
             for chain in found.chains:
-                folded = self.backward(chain)
-                if folded is not None:
-                    replaced[op_key(folded[0])] = folded[1]
-            producers = [replaced[op_key(p)] for p in producers]
+                replaced.update(self.backward(chain))
+            producers = [replaced.get(op_key(p), p) for p in producers]
         if self.options.enabled(forward_affine.NAME):
             merged = [self.forward(p) for p in producers]
             if self.options.enabled(backward_affine.NAME):
@@ -187,21 +184,23 @@ class _Pass:
 
     # -- backward -------------------------------------------------------------
 
-    def backward(self, chain: chains.Chain) -> tuple[ir.Operation, ir.Operation] | None:
-        producer = backward_affine.match(chain)
-        if producer is None or is_dead(chain.tail.op):
-            return None
-        plan = backward_affine.plan(producer, chain, self.analysis)
+    def backward(self, chain: chains.Chain) -> dict[int, ir.Operation]:
+        """Folds `chain` into the producer(s) before it; returns the replaced producers."""
+        source = backward_affine.match(chain)
+        if source is None or is_dead(chain.tail.op):
+            return {}
+        plan = backward_affine.plan(source, chain, self.analysis)
         if isinstance(plan, str):
             self._note(list(chain.steps), backward=plan)
-            return None
-        norm, folded = backward_affine.apply(plan)
-        self.ledger.fold(_fold_record(self.ledger, producer, norm, plan.affine, "backward",
-                                      plan.kernel), [s.op for s in plan.steps])
+            return {}
+        norm, replaced = backward_affine.apply(plan)
+        self.ledger.fold(_fold_record(self.ledger, source.leaves[0], norm, plan.affine,
+                                      "backward", plan.kernel_rounding),
+                         [s.op for s in plan.steps])
         rest = list(chain.steps[len(plan.steps):])
         if plan.rest_reason and affine.looks_like_normalization(rest):
             self._note(rest, backward=plan.rest_reason)
-        return producer, folded
+        return replaced
 
     # -- forward --------------------------------------------------------------
 
@@ -217,7 +216,8 @@ class _Pass:
             return None
         norm, folded = forward_affine.apply(plan)
         fold = self.ledger.fold(_fold_record(self.ledger, folded, norm, plan.affine, "forward",
-                                             plan.kernel), [s.op for s in match.steps])
+                                             plan.kernel.worst_relative_rounding),
+                                [s.op for s in match.steps])
         if plan.merge_into is not None:
             self.ledger.consume(fold, [plan.merge_into])
         return fold, folded
@@ -230,7 +230,8 @@ class _Pass:
         chain = chains.grow(head, self.analysis)
         if sum(1 for s in chain.steps if s.name not in affine.LAYOUT) < 2:
             return
-        plan = backward_affine.plan(producer, chain, self.analysis, require_normalizing=False)
+        source = backward_affine.Source(producer.results[0], (producer,))
+        plan = backward_affine.plan(source, chain, self.analysis, require_normalizing=False)
         if isinstance(plan, str):
             return
         backward_affine.apply(plan)
@@ -286,8 +287,7 @@ def _batch_norm_reason(op: ir.Operation) -> str:
 
 
 def _fold_record(ledger: Ledger, producer: ir.Operation, norm: ir.Operation,
-                 fit: affine.Affine, direction: str,
-                 kernel: KernelRewrite | None) -> Fold:
+                 fit: affine.Affine, direction: str, kernel_rounding: float) -> Fold:
     params = {"scale": fit.scale.copy(), "shift": fit.shift.copy()}
     if len(fit.gamma_beta) == 1:
         params.update(fit.gamma_beta[0])
@@ -297,5 +297,5 @@ def _fold_record(ledger: Ledger, producer: ir.Operation, norm: ir.Operation,
         form="batch_norm_inference" if fit.gamma_beta else "decomposed",
         direction=direction, channels=fit.channels, ops=[], function=function_name(producer),
         params=params,
-        kernel_rounding=0.0 if kernel is None else kernel.worst_relative_rounding,
+        kernel_rounding=kernel_rounding,
     )

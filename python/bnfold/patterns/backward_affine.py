@@ -36,7 +36,7 @@ from bnfold.affine import Affine, Analysis, Composed, Step
 from bnfold.chains import Chain
 from bnfold.constants import describe_argument, parameter_argument
 from bnfold.graph import carry_attributes, defining_op, live_users
-from bnfold.ir import ir
+from bnfold.ir import ir, op_id
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
 
 NAME = "backward-affine"
@@ -45,32 +45,68 @@ DESCRIPTION = ("fold a per-channel affine chain (batch_norm_inference or its dec
 
 
 @dataclass(frozen=True)
+class Source:
+    """What the chain reads: a producer's result, or the result of a region op
+    (`stablehlo.case` / `stablehlo.if`, as multi-platform exports emit) whose
+    every branch returns a producer's result (the leaves)."""
+
+    value: ir.Value
+    leaves: tuple[ir.Operation, ...]
+
+    @property
+    def direct(self) -> bool:
+        return defining_op(self.value) == self.leaves[0]
+
+
+@dataclass(frozen=True)
 class Plan:
     """A backward fold, computed in float64, ready to apply."""
 
-    producer: ir.Operation
+    source: Source
     steps: tuple[Step, ...]  # the folded prefix of the chain
     affine: Affine
-    kernel: KernelRewrite | None  # None: kernel kept (a merged bias, scale exactly 1)
+    kernels: tuple[KernelRewrite, ...] | None  # one per leaf; None: kernels kept (scale 1)
     bias: np.ndarray | None  # None when the shift is exactly 0
     rest_reason: str | None  # why the chain's remaining steps did not fold
 
+    @property
+    def kernel_rounding(self) -> float:
+        return max((k.worst_relative_rounding for k in self.kernels or ()), default=0.0)
 
-def match(chain: Chain) -> ir.Operation | None:
-    """The producer whose result is the chain's head operand, if any."""
-    owner = defining_op(chain.head.x)
-    if owner is None or not producers.is_producer(owner) or owner.block != chain.head.op.block:
+
+_REGION_OPS = ("stablehlo.case", "stablehlo.if")
+
+
+def match(chain: Chain) -> Source | None:
+    """The producer (or branch producers) whose result is the chain's head operand."""
+    value = chain.head.x
+    owner = defining_op(value)
+    if owner is None or owner.block != chain.head.op.block:
         return None
-    return owner
+    if producers.is_producer(owner):
+        return Source(value, (owner,))
+    if owner.name not in _REGION_OPS:
+        return None
+    index = next(i for i, r in enumerate(owner.results) if r == value)
+    leaves = []
+    for region in owner.regions:
+        block = region.blocks[0]
+        returned = list(block.operations)[-1].operands[index]
+        leaf = defining_op(returned)
+        if leaf is None or not producers.is_producer(leaf) or leaf.block != block or \
+                len(live_users(returned)) != 1:
+            return None
+        leaves.append(leaf)
+    return Source(value, tuple(leaves))
 
 
-def plan(producer: ir.Operation, chain: Chain, analysis: Analysis, *,
+def plan(source: Source, chain: Chain, analysis: Analysis, *,
          require_normalizing: bool = True) -> Plan | str:
-    """The longest foldable prefix of `chain` over the producer's candidate axes, or why none."""
-    uses = len(live_users(producer.results[0]))
+    """The longest foldable prefix of `chain` over the producers' candidate axes, or why none."""
+    uses = len(live_users(source.value))
     if uses != 1:
         return f"producer result has {uses} users"
-    result_type = elements.tensor_type(producer.results[0])
+    result_type = elements.tensor_type(source.value)
     if result_type is None:
         return "producer result has a dynamic shape"
     if not elements.is_float(result_type.element_type):
@@ -80,51 +116,65 @@ def plan(producer: ir.Operation, chain: Chain, analysis: Analysis, *,
     shape = tuple(result_type.shape)
     steps = list(chain.steps)
     reasons: list[tuple[Composed, str]] = []
-    best: tuple[Composed, producers.KernelAxis] | None = None
-    for axis in producers.candidate_output_axes(producer):
+    best: tuple[Composed, list[producers.KernelAxis]] | None = None
+    for axis in producers.candidate_output_axes(source.leaves[0]):
         composed = affine.compose(steps, Affine.identity(shape, axis), analysis.evaluator)
         if not composed.steps or (require_normalizing and not composed.normalizes):
             reasons.append((composed, composed.stop_reason or "nothing to fold"))
             continue
-        kernel_axis = producers.output_kernel_axis(producer, axis)
-        if isinstance(kernel_axis, str):
-            reasons.append((composed, kernel_axis))
-            continue
-        if not producers.is_constant(producer.operands[kernel_axis.operand], analysis.evaluator):
-            which = "kernel" if producer.name == "stablehlo.convolution" else \
-                f"operand {kernel_axis.operand} of the dot_general"
-            reasons.append((composed, _not_constant(which, axis, producer, kernel_axis, analysis)))
+        kernel_axes = _kernel_axes(source.leaves, axis, analysis)
+        if isinstance(kernel_axes, str):
+            reasons.append((composed, kernel_axes))
             continue
         if best is None or len(composed.steps) > len(best[0].steps):
-            best = (composed, kernel_axis)
+            best = (composed, kernel_axes)
     if best is None:
         # Prefer the reason of a prefix that would have normalized.
         reasons.sort(key=lambda r: not r[0].normalizes)
         return reasons[0][1] if reasons else "nothing to fold"
-    composed, kernel_axis = best
+    composed, kernel_axes = best
     fit = composed.affine
     if not (np.all(np.isfinite(fit.scale)) and np.all(np.isfinite(fit.shift))):
         return "folded scale or shift is not finite"
-    rewrite: KernelRewrite | None = None
-    # A normalization always gets a new, canonical kernel constant; merging a
-    # bias (require_normalizing=False) keeps the kernel when the scale is 1.
+    rewrites: list[KernelRewrite] | None = None
+    # A normalization always gets new, canonical kernel constants; merging a
+    # bias (require_normalizing=False) keeps the kernels when the scale is 1.
     if require_normalizing or np.any(fit.scale != 1):
-        kernel = producers.kernel(producer.operands[kernel_axis.operand], compute,
-                                  analysis.evaluator, _producer_word(producer))
-        if isinstance(kernel, str):
-            return kernel
-        factor = producers.axis_factor(fit.scale, kernel_axis.axis, len(kernel.shape))
-        planned = plan_kernel(kernel, factor, kernel_axis.operand)
-        if isinstance(planned, str):
-            return planned
-        rewrite = planned
+        rewrites = []
+        for leaf, kernel_axis in zip(source.leaves, kernel_axes, strict=True):
+            kernel = producers.kernel(leaf.operands[kernel_axis.operand], compute,
+                                      analysis.evaluator, _producer_word(leaf))
+            if isinstance(kernel, str):
+                return kernel
+            factor = producers.axis_factor(fit.scale, kernel_axis.axis, len(kernel.shape))
+            planned = plan_kernel(kernel, factor, kernel_axis.operand)
+            if isinstance(planned, str):
+                return planned
+            rewrites.append(planned)
     bias = fit.shift if np.any(fit.shift != 0) else None
     lead = affine.leading_converts(list(composed.steps))
-    bias_type = elements.tensor_type(lead[-1].result if lead else producer.results[0])
+    bias_type = elements.tensor_type(lead[-1].result if lead else source.value)
     bias_dtype = elements.numpy_dtype(bias_type.element_type) if bias_type else compute
     if bias is not None and (problem := precision.check_bias(bias, bias_dtype or compute)):
         return problem
-    return Plan(producer, tuple(composed.steps), fit, rewrite, bias, composed.stop_reason)
+    return Plan(source, tuple(composed.steps), fit, None if rewrites is None else tuple(rewrites),
+                bias, composed.stop_reason)
+
+
+def _kernel_axes(leaves: tuple[ir.Operation, ...], axis: int, analysis: Analysis
+                 ) -> list[producers.KernelAxis] | str:
+    """The kernel axis carrying result axis `axis` in every leaf, or why not."""
+    found = []
+    for leaf in leaves:
+        kernel_axis = producers.output_kernel_axis(leaf, axis)
+        if isinstance(kernel_axis, str):
+            return kernel_axis
+        if not producers.is_constant(leaf.operands[kernel_axis.operand], analysis.evaluator):
+            which = "kernel" if leaf.name == "stablehlo.convolution" else \
+                f"operand {kernel_axis.operand} of the dot_general"
+            return _not_constant(which, axis, leaf, kernel_axis, analysis)
+        found.append(kernel_axis)
+    return found
 
 
 def _producer_word(op: ir.Operation) -> str:
@@ -141,26 +191,33 @@ def _not_constant(which: str, axis: int, producer: ir.Operation,
     return f"the {which} (which carries axis {axis}) is not constant"
 
 
-def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
-    """Builds the folded producer and bias; redirects the root's uses.
+def apply(p: Plan) -> tuple[ir.Operation, dict[int, ir.Operation]]:
+    """Builds the folded producers and the bias; redirects the root's uses.
 
-    Returns the op that names the normalization and the producer that now
-    computes the folded result (the old one when the kernel is unchanged).
+    Returns the op that names the normalization and, by `op_id` of each old
+    producer, the producer that now computes its folded result.
     """
-    producer = p.producer
     steps = list(p.steps)
     last = steps[-1]
     norm = affine.fold_name_op(steps)
-    folded = producer
-    if p.kernel is not None:
-        with ir.InsertionPoint(producer):
-            kernel_value = p.kernel.build(producer.location)
-            folded = producer.clone(ip=ir.InsertionPoint(producer)).operation
-        folded.operands[p.kernel.operand] = kernel_value
-    result = folded.results[0]
+    replaced: dict[int, ir.Operation] = {}
+    base = p.source.value
+    for index, leaf in enumerate(p.source.leaves):
+        folded = leaf
+        if p.kernels is not None:
+            kernel = p.kernels[index]
+            with ir.InsertionPoint(leaf):
+                kernel_value = kernel.build(leaf.location)
+                folded = leaf.clone(ip=ir.InsertionPoint(leaf)).operation
+            folded.operands[kernel.operand] = kernel_value
+            if p.source.direct:
+                base = folded.results[0]
+            else:  # the leaf is this branch's root: its region result now carries the fold
+                leaf.results[0].replace_all_uses_with(folded.results[0])
+        replaced[op_id(leaf)] = folded
     # Mixed precision: the bias goes after the converts that widen the result.
     lead = affine.leading_converts(steps)
-    replacement: ir.Value = result
+    replacement: ir.Value = base
     with ir.InsertionPoint(steps[0].op):
         with last.op.location:
             replacement = affine.replay_layout(replacement, lead)
@@ -170,7 +227,7 @@ def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
             replacement = affine.replay_layout(replacement, steps[len(lead):])
     assert replacement.type == last.result.type, (replacement.type, last.result.type)
     root_replacement = defining_op(replacement)
-    if root_replacement is not None:
+    if root_replacement is not None and root_replacement != defining_op(p.source.value):
         carry_attributes(last.op, root_replacement)
     last.result.replace_all_uses_with(replacement)
-    return norm, folded
+    return norm, replaced
