@@ -4,7 +4,7 @@
 // NOOUT-NOT: {{.}}
 // A bad option is diagnosed before reading the input:
 // RUN: not %bnfold-opt --disable no-such-pattern %s 2>&1 | %filecheck %s --check-prefix=BADOPT
-// BADOPT: --disable: error: unknown pattern name(s) no-such-pattern; known: backward-affine
+// BADOPT: --disable: error: unknown pattern name(s) no-such-pattern; known: inline-calls, backward-affine
 
 // Diagnostics are `FILE:LINE:COL: error: ...` with the line in this file
 // (--split-input-file keeps line numbers), one per bad chunk, in order.

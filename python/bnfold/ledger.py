@@ -44,6 +44,7 @@ class Ledger:
         self._folded: set[int] = set()
         self._refusals: dict[int, Skip] = {}
         self.expanded = 0
+        self.inlined: list[str] = []
         self.changed_functions: set[str] = set()
 
     def location(self, op: ir.Operation) -> str:
@@ -81,4 +82,4 @@ class Ledger:
 
     def report(self) -> Report:
         return Report(folds=list(self._folds), skipped=list(self._refusals.values()),
-                      expanded=self.expanded)
+                      expanded=self.expanded, inlined=list(self.inlined))

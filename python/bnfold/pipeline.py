@@ -32,7 +32,8 @@ from bnfold.graph import function_name, is_dead, symbol_name
 from bnfold.graph import functions as module_functions
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger, Refusal, op_key
-from bnfold.patterns import PATTERNS, backward_affine, expand_batch_norm, forward_affine
+from bnfold.patterns import (PATTERNS, backward_affine, expand_batch_norm, forward_affine,
+                             inline_calls)
 from bnfold.report import Fold, Report
 
 PASS_NAME = "bnfold"
@@ -130,10 +131,18 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
     reproducer).
     """
     options = options or FoldOptions()
-    funcs = [f for f in module_functions(module)
-             if symbol_name(f) not in options.skip_functions]
+
+    def selected() -> list[ir.Operation]:
+        return [f for f in module_functions(module) if symbol_name(f) not in options.skip_functions]
+
+    funcs = selected()
     ledger = Ledger(source_name)
     with module.context, ir.Location.unknown():
+        if options.enabled(inline_calls.NAME):
+            changed, ledger.inlined = inline_calls.run(
+                module, funcs, lambda: Analysis(Evaluator(module)))
+            ledger.changed_functions |= changed
+            funcs = selected()
         evaluator = Evaluator(module)
         _Pass(Analysis(evaluator), ledger, options).run(funcs)
         if options.enabled(expand_batch_norm.NAME):

@@ -64,6 +64,7 @@ class Report:
     folds: list[Fold] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
     expanded: int = 0
+    inlined: list[str] = field(default_factory=list)  # callees inlined, once per call site
 
     def merge(self, other: Report) -> None:
         offset = len(self.folds)
@@ -72,11 +73,12 @@ class Report:
         self.folds.extend(other.folds)
         self.skipped.extend(other.skipped)
         self.expanded += other.expanded
+        self.inlined.extend(other.inlined)
 
     def to_json(self) -> dict[str, Any]:
         return {"folds": [f.to_json() for f in self.folds],
                 "skipped": [s.to_json() for s in self.skipped],
-                "expanded": self.expanded}
+                "expanded": self.expanded, "inlined": self.inlined}
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
@@ -107,6 +109,8 @@ class Report:
         text += f", skipped {len(self.skipped)}"
         if self.expanded:
             text += f", expanded {self.expanded} batch_norm_inference"
+        if self.inlined:
+            text += f", inlined {len(self.inlined)} call(s)"
         if self.skipped and not self.folds and \
                 all("function argument" in s.reason for s in self.skipped):
             text += ("; every normalization's parameters are function arguments: bind them "

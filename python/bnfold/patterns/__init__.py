@@ -5,8 +5,8 @@ Each module has a kebab-case `NAME` (used by `--disable`) and a
 `apply` that only creates ops and redirects the uses of its root.
 """
 
-from bnfold.patterns import backward_affine, expand_batch_norm, forward_affine
+from bnfold.patterns import backward_affine, expand_batch_norm, forward_affine, inline_calls
 
-PATTERNS = (backward_affine, forward_affine, expand_batch_norm)
+PATTERNS = (inline_calls, backward_affine, forward_affine, expand_batch_norm)
 
-__all__ = ["PATTERNS", "backward_affine", "expand_batch_norm", "forward_affine"]
+__all__ = ["PATTERNS", "backward_affine", "expand_batch_norm", "forward_affine", "inline_calls"]

@@ -1,0 +1,156 @@
+"""inline-calls: inline private helpers that compute a producer feeding a normalization.
+
+JAX keeps a `jax.jit`-decorated helper (and Equinox's `filter_jit`) as a
+private function; the caller's constants arrive as its arguments and the
+normalization stays in the caller, so no chain reaches the producer. Before:
+
+    %y = func.call @conv(%x, %k) : (tensor<1x8x8x3xf32>, tensor<3x3x3x8xf32>) -> tensor<1x8x8x8xf32>
+    %c = stablehlo.subtract %y, %mean_b : tensor<1x8x8x8xf32>
+    ...
+    func.func private @conv(%a: tensor<1x8x8x3xf32>, %w: tensor<3x3x3x8xf32>) -> ... {
+      %0 = stablehlo.convolution(%a, %w) ...
+      return %0 ...
+
+After (then folded as usual):
+
+    %y = stablehlo.convolution(%x, %k) ...
+    %c = stablehlo.subtract %y, %mean_b : tensor<1x8x8x8xf32>
+
+A call is inlined only when that enables a fold: the callee is private and
+has one block, it returns a convolution/dot_general result that the caller
+normalizes (the call result's only user is an affine step), and that
+producer's kernel is constant at this call site. Each call site gets its own
+copy, so a helper shared by layers with different kernels is never changed
+under another caller; a callee left without callers is removed. Public
+functions and other calls are untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from bnfold import producers
+from bnfold.affine import Analysis
+from bnfold.graph import (defining_op, function_name, functions, is_private, live_users,
+                          symbol_name)
+from bnfold.ir import ir
+
+NAME = "inline-calls"
+DESCRIPTION = ("inline private helpers (jax.jit, filter_jit) whose convolution/dot_general "
+               "result the caller normalizes, one copy per call site")
+
+_MAX_ROUNDS = 4  # helpers calling helpers
+
+
+def run(module: ir.Module, funcs: list[ir.Operation],
+        make_analysis: Callable[[], Analysis]) -> tuple[set[str], list[str]]:
+    """Inlines every call that enables a fold; returns the changed functions and the
+    inlined callee names (once per call site)."""
+    changed: set[str] = set()
+    inlined: list[str] = []
+    names = {symbol_name(f) for f in funcs}
+    for _ in range(_MAX_ROUNDS):
+        analysis = make_analysis()
+        table = {symbol_name(f): f for f in functions(module)}
+        calls = [c for c in _calls(f for f in functions(module) if symbol_name(f) in names)
+                 if _worth_inlining(c, table, analysis)]
+        if not calls:
+            break
+        for call in calls:
+            callee = table[_callee(call)]
+            changed.add(function_name(call))
+            inlined.append(symbol_name(callee))
+            _inline(call, callee)
+        _drop_uncalled(module, {symbol_name(table[n]) for n in inlined if n in table})
+    return changed, inlined
+
+
+def _callee(call: ir.Operation) -> str:
+    return ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+
+
+def _calls(funcs: object) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.operation.name == "func.call":
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    for func in funcs:  # type: ignore[attr-defined]
+        func.walk(visit)
+    return found
+
+
+def _worth_inlining(call: ir.Operation, table: dict[str, ir.Operation],
+                    analysis: Analysis) -> bool:
+    callee = table.get(_callee(call))
+    if callee is None or not is_private(callee) or len(callee.regions[0].blocks) != 1 or \
+            callee == _enclosing_function(call):
+        return False
+    block = callee.regions[0].blocks[0]
+    returned = list(block.operations)[-1].operands
+    arguments = list(block.arguments)
+    for index, value in enumerate(returned):
+        producer = defining_op(value)
+        if producer is None or not producers.is_producer(producer):
+            continue
+        found = live_users(call.results[index])
+        if len(found) != 1:
+            continue
+        step = analysis.step(found[0])
+        if step is None or step.x != call.results[index]:
+            continue
+        if any(_constant_at_call(producer.operands[i], arguments, call, analysis)
+               for i in (0, 1)):
+            return True
+    return False
+
+
+def _constant_at_call(value: ir.Value, arguments: list[ir.Value], call: ir.Operation,
+                      analysis: Analysis) -> bool:
+    if value in arguments:
+        return analysis.constant(call.operands[arguments.index(value)]) is not None
+    return analysis.constant(value) is not None
+
+
+def _enclosing_function(op: ir.Operation) -> ir.Operation | None:
+    parent = op.parent
+    while parent is not None and parent.operation.name != "func.func":
+        parent = parent.parent
+    return None if parent is None else parent.operation
+
+
+def _inline(call: ir.Operation, callee: ir.Operation) -> None:
+    """Copies the callee's body before `call`, redirects its results, erases the call."""
+    block = callee.regions[0].blocks[0]
+    mapping: dict[ir.Value, ir.Value] = dict(zip(block.arguments, call.operands, strict=True))
+    body = list(block.operations)
+    for op in body[:-1]:
+        clone = op.operation.clone(ip=ir.InsertionPoint(call)).operation
+        _remap(clone, mapping)
+        for old, new in zip(op.results, clone.results, strict=True):
+            mapping[old] = new
+    for result, value in zip(call.results, body[-1].operands, strict=True):
+        result.replace_all_uses_with(mapping.get(value, value))
+    call.erase()  # the root: replaced by the inlined body
+
+
+def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
+    """Points `op` and every op nested in it at the copies of callee values."""
+    def visit(inner: ir.Operation) -> ir.WalkResult:
+        inner = inner.operation
+        for i, operand in enumerate(inner.operands):
+            if operand in mapping:
+                inner.operands[i] = mapping[operand]
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit)
+
+
+def _drop_uncalled(module: ir.Module, names: set[str]) -> None:
+    """Erases private functions in `names` that no call refers to any more."""
+    called = {_callee(c) for c in _calls(functions(module))}
+    for func in list(functions(module)):
+        if symbol_name(func) in names and symbol_name(func) not in called and is_private(func):
+            func.erase()
