@@ -31,7 +31,7 @@ from bnfold.constants import (
     parameter_argument,
     per_channel,
 )
-from bnfold.elements import is_float, tensor_type
+from bnfold.elements import is_float, ranked_type
 from bnfold.graph import same_block, sole_live_user
 from bnfold.ir import ir, stablehlo
 
@@ -49,6 +49,8 @@ STEP_NAMES = (
 # Steps that only move data or change precision (the channel axis may move; a
 # narrowing convert rounds, and folding replays it where it was).
 LAYOUT = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
+_ELEMENTWISE = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
+                "stablehlo.negate", "stablehlo.convert")
 # Steps that carry normalization (as opposed to a bias or a layout change).
 SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
            "stablehlo.batch_norm_inference")
@@ -109,7 +111,12 @@ class Analysis:
 
 def _as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
     name = op.name
-    if tensor_type(op.results[0]) is None:
+    result_type = ranked_type(op.results[0])
+    if result_type is None:
+        return None
+    # Elementwise steps may have symbolic dimensions (a shape-polymorphic
+    # batch); layout changes and batch_norm_inference need static shapes.
+    if not result_type.has_static_shape and name not in _ELEMENTWISE:
         return None
     operands = list(op.operands)
     if name == "stablehlo.convert" and not (
@@ -136,9 +143,11 @@ def _as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
     return None
 
 
-def _size(value: ir.Value) -> int:
-    ty = tensor_type(value)
-    return -1 if ty is None else math.prod(ty.shape)
+def _size(value: ir.Value) -> float:
+    ty = ranked_type(value)
+    if ty is None:
+        return -1
+    return math.inf if not ty.has_static_shape else math.prod(ty.shape)
 
 
 def extends(value: ir.Value, analysis: Analysis) -> Step | None:

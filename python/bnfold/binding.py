@@ -22,7 +22,7 @@ import numpy as np
 
 from bnfold import elements
 from bnfold.errors import BnfoldError
-from bnfold.graph import lookup_function
+from bnfold.graph import defining_op, functions, is_private, lookup_function, symbol_name
 from bnfold.ir import ir, location_name, stablehlo
 
 
@@ -34,7 +34,12 @@ def find_function(module: ir.Module, name: str) -> ir.Operation:
 
 
 def argument_names(func: ir.Operation) -> list[set[str]]:
-    """Every name each argument answers to: argN, jax.arg_info, its location name."""
+    """Every name each argument answers to: argN, jax.arg_info, its location name.
+
+    A shape-polymorphic jax.export keeps the names on `@_wrapped_jax_export_main`,
+    which `@main` calls with its own arguments: an argument passed straight to
+    a private callee also answers to that callee argument's names.
+    """
     block = func.regions[0].blocks[0]
     arg_attrs = func.attributes["arg_attrs"] if "arg_attrs" in func.attributes else None
     names: list[set[str]] = []
@@ -48,7 +53,35 @@ def argument_names(func: ir.Operation) -> list[set[str]]:
         if name:
             aliases.add(name)
         names.append(aliases)
+    for call in _calls_in(func):
+        callee = _callee_of(call)
+        if callee is None or not is_private(callee):
+            continue
+        inner = argument_names(callee)
+        for position, operand in enumerate(call.operands):
+            if operand in block.arguments:
+                outer = list(block.arguments).index(operand)
+                names[outer] |= {n for n in inner[position] if not n.startswith("arg")}
     return names
+
+
+def _calls_in(func: ir.Operation) -> list[ir.Operation]:
+    """The `func.call` ops directly in the function's body."""
+    return [op.operation for op in func.regions[0].blocks[0].operations
+            if op.operation.name == "func.call"]
+
+
+def _callee_of(call: ir.Operation) -> ir.Operation | None:
+    module_op = call.parent
+    while module_op is not None and module_op.operation.name != "builtin.module":
+        module_op = module_op.parent
+    if module_op is None:
+        return None
+    name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+    for op in module_op.regions[0].blocks[0].operations:
+        if op.operation.name == "func.func" and symbol_name(op.operation) == name:
+            return op.operation
+    return None
 
 
 def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
@@ -86,8 +119,59 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
     if problems:
         raise BnfoldError("cannot bind parameters:\n  " + "\n  ".join(problems),
                           location=source_name)
-    _replace_arguments(func, chosen)
+    _replace_arguments(func, chosen, keep_signature=is_private(func))
+    propagate_constants(module, func)
     return sorted(chosen)
+
+
+def propagate_constants(module: ir.Module, func: ir.Operation, _depth: int = 0) -> None:
+    """Makes constants passed to a private helper with one call site constants inside it.
+
+    After binding, `@main` passes the parameters on to `@_wrapped_jax_export_main`
+    (shape-polymorphic exports) as `stablehlo.constant` values; inside the callee
+    they are still arguments. Each such argument's uses become a copy of the
+    constant (the same uniqued attribute, no data copy); signatures stay as
+    they are, so every call still verifies. Callees with several call sites
+    are left alone.
+    """
+    if _depth > 8:
+        return
+    counts: dict[str, int] = {}
+    for f in functions(module):
+        for call in _all_calls(f):
+            name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
+            counts[name] = counts.get(name, 0) + 1
+    for call in _calls_in(func):
+        callee = _callee_of(call)
+        if callee is None or not is_private(callee) or counts.get(symbol_name(callee)) != 1 or \
+                len(callee.regions[0].blocks) != 1:
+            continue
+        block = callee.regions[0].blocks[0]
+        first = list(block.operations)[0]
+        changed = False
+        for operand, argument in zip(call.operands, block.arguments, strict=True):
+            owner = defining_op(operand)
+            if owner is None or owner.name != "stablehlo.constant" or \
+                    not any(True for _ in argument.uses):
+                continue
+            with ir.InsertionPoint(first), owner.location:
+                const = stablehlo.ConstantOp(owner.attributes["value"])
+            argument.replace_all_uses_with(const.result)
+            changed = True
+        if changed:
+            propagate_constants(module, callee, _depth + 1)
+
+
+def _all_calls(func: ir.Operation) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.operation.name == "func.call":
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    return found
 
 
 def _resolve(key: str | int, names: list[set[str]]) -> int | None:
@@ -103,7 +187,11 @@ def _describe(names: list[set[str]]) -> str:
     return ", ".join("/".join(sorted(a, key=len)) for a in names)
 
 
-def _replace_arguments(func: ir.Operation, chosen: Mapping[int, np.ndarray]) -> None:
+def _replace_arguments(func: ir.Operation, chosen: Mapping[int, np.ndarray], *,
+                       keep_signature: bool = False) -> None:
+    """Replaces the chosen arguments' uses by constants and, unless
+    `keep_signature` (private functions: their callers still pass them),
+    removes the arguments from the signature."""
     block = func.regions[0].blocks[0]
     first = list(block.operations)[0]
     for index, array in chosen.items():
@@ -112,6 +200,8 @@ def _replace_arguments(func: ir.Operation, chosen: Mapping[int, np.ndarray]) -> 
         with ir.InsertionPoint(first), arg.location:
             const = stablehlo.ConstantOp(elements.array_attr(array, ty))
         arg.replace_all_uses_with(const.result)
+    if keep_signature:
+        return
     for index in sorted(chosen, reverse=True):
         block.erase_argument(index)
     func_type = ir.FunctionType(ir.TypeAttr(func.attributes["function_type"]).value)

@@ -92,7 +92,7 @@ class Evaluator:
                                                else "block argument")
                 continue
             op = owner.operation if isinstance(owner, ir.OpView) else owner
-            operands = list(op.operands)
+            operands = value_operands(op)
             if not expanded:
                 pending = [v for v in operands if v not in self._memo]
                 if pending and op.name in _EVALUATORS:
@@ -114,6 +114,8 @@ class Evaluator:
             return _NOT_CONSTANT_OP.get(op.name) or _NOT_CONSTANT_OP.setdefault(
                 op.name, NotConst(f"{op.name} is not a constant operation"))
         ty = elements.tensor_type(value)
+        if ty is None and op.name == "stablehlo.dynamic_broadcast_in_dim":
+            return self._dynamic_broadcast(op, value)
         if ty is None:
             return NotConst(f"{op.name} result has a dynamic or non-tensor type")
         dtype = elements.numpy_dtype(ty.element_type)
@@ -140,6 +142,26 @@ class Evaluator:
             return NotConst(f"cannot evaluate {op.name}: rank mismatch")
         if array.dtype != elements.compute_dtype(dtype):
             array = _cast(array, dtype)
+        return Const(array, shape, dtype)
+
+    def _dynamic_broadcast(self, op: ir.Operation, value: ir.Value) -> Result:
+        """A constant broadcast to a symbolic shape (jax.export's shape polymorphism).
+
+        The value is known along every dimension the operand broadcasts (size
+        1), whatever the runtime size; its `Const.shape` has -1 for dynamic
+        dimensions. Only chain steps read such constants (per channel).
+        """
+        x = self._memo[op.operands[0]]
+        if isinstance(x, NotConst):
+            return x
+        ty = ir.RankedTensorType(value.type)
+        dtype = elements.numpy_dtype(ty.element_type)
+        if dtype is None:
+            return NotConst(f"element type {ty.element_type} is not supported")
+        shape = tuple(DYNAMIC if ty.is_dynamic_dim(d) else ty.shape[d] for d in range(ty.rank))
+        array = _broadcast_in_dim(op, [x], shape, dtype)
+        if any(n == DYNAMIC and array.shape[d] != 1 for d, n in enumerate(shape)):
+            return NotConst("a dynamic dimension of the broadcast varies")
         return Const(array, shape, dtype)
 
     def _evaluate_call(self, op: ir.Operation, value: ir.Value) -> Result:
@@ -173,6 +195,13 @@ class Evaluator:
 
 
 _NOT_CONSTANT_OP: dict[str, NotConst] = {}
+DYNAMIC = -1  # a symbolic dimension in `Const.shape`
+
+
+def value_operands(op: ir.Operation) -> list[ir.Value]:
+    """The operands that carry data (not the shape operand of a dynamic broadcast)."""
+    operands = list(op.operands)
+    return operands[:1] if op.name == "stablehlo.dynamic_broadcast_in_dim" else operands
 
 
 def _result_index(op: ir.Operation, value: ir.Value) -> int:
@@ -358,6 +387,9 @@ _EVALUATORS: dict[str, Handler] = {
     "stablehlo.compare": _compare,
     "stablehlo.select": _select,
     "func.call": lambda op, args, shape, dtype: None,  # handled by Evaluator
+    # The shape operand is not read (see value_operands); dynamic results: see
+    # Evaluator._dynamic_broadcast.
+    "stablehlo.dynamic_broadcast_in_dim": _broadcast_in_dim,
 }
 
 # Side-effect free ops bnfold knows how to evaluate (func.call aside).
@@ -454,5 +486,5 @@ def parameter_argument(value: ir.Value, evaluator: Evaluator) -> ir.Value | None
             continue
         if owner.name not in _EVALUATORS or owner.name == "func.call":
             return None
-        stack.extend(owner.operands)
+        stack.extend(value_operands(owner))
     return found

@@ -88,6 +88,22 @@ def tensor_type(value_or_type: ir.Value | ir.Type) -> ir.RankedTensorType | None
     return ty
 
 
+def ranked_type(value_or_type: ir.Value | ir.Type) -> ir.RankedTensorType | None:
+    """The ranked tensor type (static or with symbolic dimensions), or None."""
+    ty = value_or_type.type if isinstance(value_or_type, ir.Value) else value_or_type
+    if isinstance(ty, ir.RankedTensorType):
+        return ty
+    try:
+        return ir.RankedTensorType(ty)
+    except ValueError:
+        return None
+
+
+def shape_of(ty: ir.RankedTensorType) -> tuple[int, ...]:
+    """The shape with -1 for symbolic dimensions."""
+    return tuple(-1 if ty.is_dynamic_dim(d) else ty.shape[d] for d in range(ty.rank))
+
+
 def compute_dtype(dtype: np.dtype) -> np.dtype:
     """Floats are evaluated in float64; integers and booleans keep their type."""
     return np.dtype(np.float64) if dtype.kind == "f" or is_bf16(dtype) else dtype

@@ -45,7 +45,6 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
     values = (params,) if isinstance(argnums, int) else tuple(params or ())
     if len(values) != len(nums):
         raise ValueError(f"argnums {nums} needs {len(nums)} parameter pytrees, got {len(values)}")
-    _check_supported(exported)
 
     args_tree, kwargs_tree = exported.in_tree.children()
     arg_trees = args_tree.children()
@@ -114,13 +113,6 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
         _get_vjp=None,  # the original VJP would differentiate the unfolded module
     )
     return folded, report
-
-
-def _check_supported(exported: Any) -> None:
-    for aval in exported.in_avals:
-        if not all(isinstance(d, int) for d in aval.shape):
-            raise ValueError("shape-polymorphic exports cannot have parameters bound: "
-                             f"input {aval.str_short()} has symbolic dimensions")
 
 
 def _target_version() -> str:

@@ -32,8 +32,7 @@ from bnfold.graph import function_name, is_dead, symbol_name
 from bnfold.graph import functions as module_functions
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger, Refusal, op_key
-from bnfold.patterns import (PATTERNS, backward_affine, expand_batch_norm, forward_affine,
-                             inline_calls)
+from bnfold.patterns import PATTERNS, backward_affine, expand_batch_norm, forward_affine, inline_calls
 from bnfold.report import Fold, Report
 
 PASS_NAME = "bnfold"

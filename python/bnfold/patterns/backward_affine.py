@@ -106,18 +106,22 @@ def plan(source: Source, chain: Chain, analysis: Analysis, *,
     uses = len(live_users(source.value))
     if uses != 1:
         return f"producer result has {uses} users"
-    result_type = elements.tensor_type(source.value)
+    result_type = elements.ranked_type(source.value)
     if result_type is None:
-        return "producer result has a dynamic shape"
+        return "producer result is not a ranked tensor"
     if not elements.is_float(result_type.element_type):
         return f"producer result type {result_type.element_type} is not float"
     compute = elements.numpy_dtype(result_type.element_type)
     assert compute is not None
-    shape = tuple(result_type.shape)
+    shape = elements.shape_of(result_type)  # -1 for symbolic dimensions
     steps = list(chain.steps)
     reasons: list[tuple[Composed, str]] = []
     best: tuple[Composed, list[producers.KernelAxis]] | None = None
     for axis in producers.candidate_output_axes(source.leaves[0]):
+        if shape[axis] < 0:
+            reasons.append((Composed([], Affine.identity(shape, axis), None),
+                            f"the feature axis {axis} has a symbolic size"))
+            continue
         composed = affine.compose(steps, Affine.identity(shape, axis), analysis.evaluator)
         if not composed.steps or (require_normalizing and not composed.normalizes):
             reasons.append((composed, composed.stop_reason or "nothing to fold"))
@@ -153,7 +157,7 @@ def plan(source: Source, chain: Chain, analysis: Analysis, *,
             rewrites.append(planned)
     bias = fit.shift if np.any(fit.shift != 0) else None
     lead = affine.leading_converts(list(composed.steps))
-    bias_type = elements.tensor_type(lead[-1].result if lead else source.value)
+    bias_type = elements.ranked_type(lead[-1].result if lead else source.value)
     bias_dtype = elements.numpy_dtype(bias_type.element_type) if bias_type else compute
     if bias is not None and (problem := precision.check_bias(bias, bias_dtype or compute)):
         return problem

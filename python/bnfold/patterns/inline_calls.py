@@ -31,8 +31,7 @@ from collections.abc import Callable
 
 from bnfold import producers
 from bnfold.affine import Analysis
-from bnfold.graph import (defining_op, function_name, functions, is_private, live_users,
-                          symbol_name)
+from bnfold.graph import defining_op, function_name, functions, is_private, live_users, symbol_name
 from bnfold.ir import ir
 
 NAME = "inline-calls"

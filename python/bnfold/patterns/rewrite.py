@@ -64,9 +64,34 @@ def plan_kernel(kernel: Kernel, factor: np.ndarray, operand: int) -> KernelRewri
 
 
 def bias_add(result: ir.Value, bias: np.ndarray, axis: int, loc: ir.Location) -> ir.Value:
-    """`add(result, broadcast_in_dim(bias, dims=[axis]))` at the insertion point."""
+    """`add(result, broadcast_in_dim(bias, dims=[axis]))` at the insertion point.
+
+    With symbolic dimensions (a shape-polymorphic batch) the broadcast is a
+    `dynamic_broadcast_in_dim` to the shape of `result` itself, read with
+    `get_dimension_size`, so the module verifies and refines for any size.
+    """
     ty = ir.RankedTensorType(result.type)
     with loc:
         const = stablehlo.ConstantOp(elements.dense_attr(bias, ty.element_type))
-        bcast = stablehlo.BroadcastInDimOp(ty, const.result, [axis])
-        return stablehlo.AddOp(result, bcast.result).result
+        if ty.has_static_shape:
+            bcast = stablehlo.BroadcastInDimOp(ty, const.result, [axis]).result
+        else:
+            bcast = stablehlo.DynamicBroadcastInDimOp(ty, const.result, _shape_of(result),
+                                                      [axis]).result
+        return stablehlo.AddOp(result, bcast).result
+
+
+def _shape_of(value: ir.Value) -> ir.Value:
+    """`tensor<rank x i32>` holding the runtime shape of `value`."""
+    ty = ir.RankedTensorType(value.type)
+    i32 = ir.IntegerType.get_signless(32)
+    one = ir.RankedTensorType.get([1], i32)
+    parts = []
+    for d in range(ty.rank):
+        if ty.is_dynamic_dim(d):
+            size = stablehlo.GetDimensionSizeOp(value, d).result
+            parts.append(stablehlo.ReshapeOp(one, size).result)
+        else:
+            attr = ir.DenseElementsAttr.get_splat(one, ir.IntegerAttr.get(i32, ty.shape[d]))
+            parts.append(stablehlo.ConstantOp(attr).result)
+    return stablehlo.ConcatenateOp(parts, 0).result
