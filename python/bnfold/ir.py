@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import BinaryIO, Literal
 
 import jaxlib.mlir._mlir_libs._jax_mlir_ext as _jax_mlir_ext
-from jaxlib.mlir import ir
+from jaxlib.mlir import ir, passmanager
 from jaxlib.mlir._mlir_libs._mlir import rewrite
 from jaxlib.mlir.dialects import chlo, func, mhlo, sdy, stablehlo
 
@@ -22,6 +22,8 @@ from bnfold.errors import BnfoldError
 
 __all__ = [
     "ir",
+    "passmanager",
+    "run_pipeline",
     "func",
     "stablehlo",
     "rewrite",
@@ -188,6 +190,21 @@ def format_diagnostics(error: ir.MLIRError, name: str) -> str:
         for note in diag.notes:
             lines.append(f"{format_location(note.location, name)}: note: {note.message}")
     return "\n".join(lines) or f"{name}: error: {error}"
+
+
+# --- upstream passes -----------------------------------------------------------
+
+_PASSES_REGISTERED = False
+
+
+def run_pipeline(module: ir.Module, pipeline: str) -> None:
+    """Runs a textual MLIR pass pipeline (upstream and StableHLO passes) on `module`."""
+    global _PASSES_REGISTERED
+    if not _PASSES_REGISTERED:
+        stablehlo.register_stablehlo_passes()
+        _PASSES_REGISTERED = True
+    with module.context:
+        passmanager.PassManager.parse(pipeline).run(module.operation)
 
 
 # --- operation identity ------------------------------------------------------

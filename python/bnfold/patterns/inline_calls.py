@@ -17,9 +17,11 @@ After (then folded as usual):
     %c = stablehlo.subtract %y, %mean_b : tensor<1x8x8x8xf32>
 
 A call is inlined only when that enables a fold: the callee is private and
-has one block, it returns a convolution/dot_general result that the caller
-normalizes (the call result's only user is an affine step), and that
-producer's kernel is constant at this call site. Each call site gets its own
+has one block, and either it returns a convolution/dot_general result that
+the caller normalizes (the call result's only user is an affine step) with a
+kernel constant at this call site, or a producer inside it takes its kernel
+from an argument this call site passes as a constant (a nested jit block with
+its parameters as arguments). Each call site gets its own
 copy, so a helper shared by layers with different kernels is never changed
 under another caller; a callee left without callers is removed. Public
 functions and other calls are untouched.
@@ -88,8 +90,17 @@ def _worth_inlining(call: ir.Operation, table: dict[str, ir.Operation],
             callee == _enclosing_function(call):
         return False
     block = callee.regions[0].blocks[0]
-    returned = list(block.operations)[-1].operands
+    body = list(block.operations)
+    returned = body[-1].operands
     arguments = list(block.arguments)
+    # A nested jit block: its producer's kernel is an argument this call site
+    # passes as a constant (the normalization may be inside or after it).
+    for op in body:
+        if producers.is_producer(op.operation) and any(
+                operand in arguments and
+                analysis.constant(call.operands[arguments.index(operand)]) is not None
+                for operand in op.operation.operands):
+            return True
     for index, value in enumerate(returned):
         producer = defining_op(value)
         if producer is None or not producers.is_producer(producer):

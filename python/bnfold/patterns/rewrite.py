@@ -87,11 +87,14 @@ def _shape_of(value: ir.Value) -> ir.Value:
     i32 = ir.IntegerType.get_signless(32)
     one = ir.RankedTensorType.get([1], i32)
     parts = []
+    sizes: dict[int, ir.Value] = {}  # one constant per static size
     for d in range(ty.rank):
         if ty.is_dynamic_dim(d):
             size = stablehlo.GetDimensionSizeOp(value, d).result
             parts.append(stablehlo.ReshapeOp(one, size).result)
         else:
-            attr = ir.DenseElementsAttr.get_splat(one, ir.IntegerAttr.get(i32, ty.shape[d]))
-            parts.append(stablehlo.ConstantOp(attr).result)
+            if ty.shape[d] not in sizes:
+                attr = ir.DenseElementsAttr.get_splat(one, ir.IntegerAttr.get(i32, ty.shape[d]))
+                sizes[ty.shape[d]] = stablehlo.ConstantOp(attr).result
+            parts.append(sizes[ty.shape[d]])
     return stablehlo.ConcatenateOp(parts, 0).result

@@ -1,0 +1,183 @@
+"""Deployment forms (issue 12): symbolic batch, multi-platform, calls, bound parameters."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import bnfold
+import support
+from bnfold import numerics
+from bnfold.jax_export import fold_exported
+
+RNG = np.random.default_rng(5)
+NORM_OPS = ("stablehlo.rsqrt", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide")
+
+
+def _layer(cin: int, cout: int = 8) -> dict[str, np.ndarray]:
+    return {"k": RNG.normal(size=(3, 3, cin, cout)).astype(np.float32),
+            "mean": RNG.normal(size=cout).astype(np.float32),
+            "var": RNG.uniform(0.5, 2.0, cout).astype(np.float32),
+            "gamma": RNG.uniform(0.5, 1.5, cout).astype(np.float32),
+            "beta": RNG.normal(size=cout).astype(np.float32)}
+
+
+def _conv(x, k):
+    return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def _bn(y, p):
+    return (y - p["mean"]) * jax.lax.rsqrt(p["var"] + 1e-5) * p["gamma"] + p["beta"]
+
+
+def _apply(params, x):
+    y = jax.nn.relu(_bn(_conv(x, params[0]["k"]), params[0]))
+    return jax.nn.relu(_bn(_conv(y, params[1]["k"]), params[1]))
+
+
+PARAMS = [_layer(3), _layer(8)]
+SYMBOLIC = jax.ShapeDtypeStruct(jax.export.symbolic_shape("b, 8, 8, 3"), jnp.float32)
+
+
+def _no_norm_ops(text: str) -> bool:
+    return not any(op in text for op in NORM_OPS)
+
+
+def _check_batches(folded, reference) -> None:
+    for batch in (1, 5):
+        x = RNG.normal(size=(batch, 8, 8, 3)).astype(np.float32)
+        numerics.check_close([np.asarray(folded.call(x))], [np.asarray(reference(x))])
+
+
+# --- symbolic batch -----------------------------------------------------------------
+
+
+def test_symbolic_export_with_closed_over_parameters_folds_and_runs_at_two_batch_sizes():
+    exported = jax.export.export(jax.jit(lambda x: _apply(PARAMS, x)))(SYMBOLIC)
+    folded, report = fold_exported(exported, argnums=())
+    assert len(report.folds) == 2 and not report.skipped, report.dumps()
+    assert _no_norm_ops(folded.mlir_module()) and "dynamic_broadcast_in_dim" in folded.mlir_module()
+    _check_batches(folded, lambda x: _apply(PARAMS, x))
+    blob = folded.serialize()
+    _check_batches(jax.export.deserialize(blob), lambda x: _apply(PARAMS, x))
+
+
+def test_symbolic_export_binds_parameters_while_the_input_stays_symbolic():
+    exported = jax.export.export(jax.jit(_apply))(PARAMS, SYMBOLIC)
+    folded, report = fold_exported(exported, PARAMS, argnums=0)
+    assert len(report.folds) == 2 and not report.skipped, report.dumps()
+    assert _no_norm_ops(folded.mlir_module())
+    _check_batches(folded, lambda x: _apply(PARAMS, x))
+    x = np.ones((3, 8, 8, 3), np.float32)
+    assert np.asarray(jax.jit(folded.call)(x)).shape == (3, 8, 8, 8)
+
+
+def test_symbolic_export_refines_after_folding():
+    """The folded module still verifies and refines shapes for a concrete batch."""
+    exported = jax.export.export(jax.jit(lambda x: _apply(PARAMS, x)))(SYMBOLIC)
+    text, report = bnfold.fold_text(exported.mlir_module_serialized)
+    assert len(report.folds) == 2
+    from bnfold import ir as bir
+    context = bir.make_context()
+    module = bir.parse(text, context)
+    bir.run_pipeline(module, "builtin.module(stablehlo-refine-arguments"
+                             "{types='tensor<4x8x8x3xf32>'},stablehlo-refine-shapes)")
+    with context:
+        module.operation.verify()
+        assert "tensor<?x" not in str(module)
+
+
+def test_cli_binds_names_recorded_on_the_wrapped_main(tmp_path):
+    exported = jax.export.export(jax.jit(_apply))(PARAMS, SYMBOLIC)
+    source = tmp_path / "model.mlir"
+    source.write_text(exported.mlir_module())
+    names = {f"[{i}]['{k}']": v for i, layer in enumerate(PARAMS) for k, v in layer.items()}
+    np.savez(tmp_path / "params.npz", **{f"params{n}": v for n, v in names.items()})
+    out = tmp_path / "folded.mlir"
+    proc = subprocess.run([sys.executable, "-m", "bnfold", source, "--bind-params",
+                           tmp_path / "params.npz", "-o", out], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "folded 2 normalization(s)" in proc.stderr and "skipped 0" in proc.stderr
+    assert _no_norm_ops(out.read_text().split("func.func private @relu")[0])
+
+
+def test_binding_a_private_function_keeps_the_module_valid(tmp_path):
+    exported = jax.export.export(jax.jit(_apply))(PARAMS, SYMBOLIC)
+    text = exported.mlir_module()
+    values = {f"params[{i}]['{k}']": v for i, layer in enumerate(PARAMS) for k, v in layer.items()}
+    folded = bnfold.fold_source(text, bindings=values, bind_function="_wrapped_jax_export_main")
+    assert len(folded.report.folds) == 2
+    with folded.context:
+        folded.module.operation.verify()
+
+
+# --- multi-platform --------------------------------------------------------------------
+
+
+def test_multi_platform_export_folds_through_the_platform_case():
+    exported = jax.export.export(jax.jit(lambda x: _apply(PARAMS, x)),
+                                 platforms=("cpu", "cuda"))(np.ones((2, 8, 8, 3), np.float32))
+    folded, report = fold_exported(exported, argnums=())
+    assert len(report.folds) == 2 and not report.skipped, report.dumps()
+    assert _no_norm_ops(folded.mlir_module())
+    x = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    numerics.check_close([np.asarray(folded.call(x))], [np.asarray(_apply(PARAMS, x))])
+
+
+# --- calls -------------------------------------------------------------------------------
+
+
+@jax.jit
+def _jit_conv(x, k):
+    return _conv(x, k)
+
+
+@jax.jit
+def _jit_block(x, p):
+    return jax.nn.relu(_bn(_conv(x, p["k"]), p))
+
+
+@pytest.mark.parametrize("form", ["conv_helper_shared_by_two_layers", "nested_jit_block"])
+def test_calls_are_inlined_per_call_site_and_fold(form):
+    if form == "conv_helper_shared_by_two_layers":
+        def f(x):
+            y = jax.nn.relu(_bn(_jit_conv(x, PARAMS[0]["k"]), PARAMS[0]))
+            return jax.nn.relu(_bn(_jit_conv(y, PARAMS[1]["k"]), PARAMS[1]))
+    else:
+        def f(x):
+            return _jit_block(_jit_block(x, PARAMS[0]), PARAMS[1])
+    x = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    text = jax.jit(f).lower(x).as_text()
+    folded, report = support.fold(text)
+    assert len(report.folds) == 2 and not report.skipped, report.dumps()
+    assert len(report.inlined) == 2 and "inlined 2 call(s)" in report.summary()
+    callee = "_jit_conv" if form.startswith("conv") else "_jit_block"
+    assert callee not in folded  # no caller left: removed
+    numerics.check_close(numerics.run_xla(folded, [x]), numerics.run_xla(text, [x]))
+    again, second = support.fold(folded)
+    assert again == folded and not second.folds
+
+
+def test_a_helper_with_a_non_constant_kernel_is_not_inlined():
+    def f(x, k):
+        return _bn(_jit_conv(x, k), PARAMS[0])
+    text = jax.jit(f).lower(np.ones((1, 8, 8, 3), np.float32), PARAMS[0]["k"]).as_text()
+    folded, report = support.fold(text)
+    assert not report.folds and not report.inlined
+    assert "func.call" in folded or "call @" in folded
+    assert report.skipped  # the normalization is explained
+
+
+def test_inline_calls_can_be_disabled():
+    def f(x):
+        return _bn(_jit_conv(x, PARAMS[0]["k"]), PARAMS[0])
+    text = jax.jit(f).lower(np.ones((1, 8, 8, 3), np.float32)).as_text()
+    _, report = support.fold(text, disable={"inline-calls"})
+    assert not report.folds and not report.inlined and report.skipped
+    assert "func.call" in report.skipped[0].reason
