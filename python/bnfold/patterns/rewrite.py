@@ -86,7 +86,7 @@ def _shape_of(value: ir.Value) -> ir.Value:
     ty = ir.RankedTensorType(value.type)
     i32 = ir.IntegerType.get_signless(32)
     one = ir.RankedTensorType.get([1], i32)
-    parts = []
+    parts: list[ir.Value] = []
     sizes: dict[int, ir.Value] = {}  # one constant per static size
     for d in range(ty.rank):
         if ty.is_dynamic_dim(d):
