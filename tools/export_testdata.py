@@ -91,7 +91,7 @@ import numpy as np
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO_ROOT / "testdata" / "models"
-FRAMEWORKS = ("flax_linen", "flax_nnx", "haiku", "equinox", "keras", "torchax")
+FRAMEWORKS = ("flax_linen", "flax_nnx", "haiku", "equinox", "keras", "torchax", "deployment")
 MAX_FILE_BYTES = 4 * 1024 * 1024
 MAX_DIR_BYTES = 25 * 1024 * 1024
 RTOL = 1e-5
@@ -115,6 +115,7 @@ class Case:
     x: np.ndarray
     reference: np.ndarray  # the framework's own eager output on x
     rtol: float = RTOL  # tolerance against `reference`, relative to max|reference|
+    dtype: str = "f32"  # the model's compute dtype (manifest "dtype")
 
     @property
     def file(self) -> str:
@@ -146,7 +147,18 @@ class Stats:
         return self.rng.normal(0.0, 1.0, shape).astype(np.float32)
 
 
+# Forms whose @main is not a plain one-input function: checked through jax.export.
+EXPORTED: dict[int, Any] = {}
+
+
 def lower(fn: Callable, x: np.ndarray, form: str) -> str:
+    """Text of `fn` in one of the forms:
+
+    lower                 jax.jit(fn).lower(x).as_text()
+    export                jax.export of the static shape
+    export-symbolic       jax.export with a symbolic batch ("b, ...")
+    export-multiplatform  jax.export for platforms ("cpu", "cuda")
+    """
     import jax
 
     jitted = jax.jit(fn)
@@ -154,6 +166,17 @@ def lower(fn: Callable, x: np.ndarray, form: str) -> str:
         text = jitted.lower(x).as_text()
     elif form == "export":
         text = jax.export.export(jitted)(jax.ShapeDtypeStruct(x.shape, x.dtype)).mlir_module()
+    elif form == "export-symbolic":
+        spec = ", ".join(["b"] + [str(n) for n in x.shape[1:]])
+        shape = jax.ShapeDtypeStruct(jax.export.symbolic_shape(spec), x.dtype)
+        exported = jax.export.export(jitted)(shape)
+        EXPORTED[id(fn)] = exported
+        text = exported.mlir_module()
+    elif form == "export-multiplatform":
+        exported = jax.export.export(jitted, platforms=("cpu", "cuda"))(
+            jax.ShapeDtypeStruct(x.shape, x.dtype))
+        EXPORTED[id(fn)] = exported
+        text = exported.mlir_module()
     else:
         raise ValueError(f"unknown form {form!r}")
     return text if text.endswith("\n") else text + "\n"
@@ -188,17 +211,21 @@ def run_on_xla(text: str, x: np.ndarray) -> np.ndarray:
 def verify(case: Case, text: str) -> float:
     """Check one written file; return the max error relative to max|ref|."""
     nargs = _main_arg_count(text)
-    if nargs != 1:
-        raise AssertionError(f"{case.file}: @main has {nargs} arguments, expected 1")
+    expected_args = 2 if case.form == "export-multiplatform" else 1  # + the platform index
+    if nargs != expected_args:
+        raise AssertionError(f"{case.file}: @main has {nargs} arguments, expected {expected_args}")
     if len(text.encode()) > MAX_FILE_BYTES:
         raise AssertionError(f"{case.file}: {len(text)} bytes > {MAX_FILE_BYTES}")
-    out = run_on_xla(text, case.x)
+    exported = EXPORTED.get(id(case.fn))
+    run = (lambda x: np.asarray(exported.call(x), np.float32)) if exported is not None else \
+        (lambda x: run_on_xla(text, x).astype(np.float32))
+    out = run(case.x)
     ref = np.asarray(case.reference, dtype=np.float32)
     if out.shape != ref.shape:
         raise AssertionError(f"{case.file}: output shape {out.shape} != reference {ref.shape}")
     scale = max(float(np.max(np.abs(ref))), 1e-30)
     np.testing.assert_allclose(out, ref, rtol=case.rtol, atol=case.rtol * scale, err_msg=case.file)
-    other = run_on_xla(text, case.x[::-1].copy() * np.float32(0.5) + np.float32(0.25))
+    other = run(case.x[::-1].copy() * np.float32(0.5) + np.float32(0.25))
     if np.allclose(other, out, rtol=1e-3, atol=1e-3 * scale):
         raise AssertionError(f"{case.file}: output does not depend on the input")
     return float(np.max(np.abs(out - ref)) / scale)
@@ -1121,6 +1148,191 @@ def torchax_cases() -> Iterator[Case]:
     )
 
 
+# --------------------------------------------------------------------------- deployment
+
+
+def deployment_cases() -> Iterator[Case]:
+    """The forms deployed exports take (manifest framework "deployment"):
+    mixed precision (Flax's ImageNet dtype setup), symbolic batch (Flax, Keras 3),
+    multi-platform, a jitted conv helper shared by layers, Equinox filter_jit."""
+    import equinox as eqx
+    import jax
+    import jax.numpy as jnp
+    import keras
+    from flax import linen as nn
+    from flax import traverse_util
+    from keras import layers
+
+    fw = "deployment"
+
+    class Block(nn.Module):
+        features: int
+        strides: int
+        dtype: Any
+
+        @nn.compact
+        def __call__(self, x):
+            conv = lambda f, k, s: nn.Conv(f, (k, k), (s, s), padding="SAME", use_bias=False,
+                                           dtype=self.dtype, param_dtype=jnp.float32)
+            bn = lambda: nn.BatchNorm(use_running_average=True, dtype=self.dtype,
+                                      param_dtype=jnp.float32)
+            y = nn.relu(bn()(conv(self.features, 3, self.strides)(x)))
+            y = bn()(conv(self.features, 3, 1)(y))
+            if self.strides != 1 or x.shape[-1] != self.features:
+                x = bn()(conv(self.features, 1, self.strides)(x))
+            return nn.relu(x + y)
+
+    class ResNet18(nn.Module):
+        """ResNet-18's layout (stem, 4 stages x 2 basic blocks, 20 BN) at widths 8-64."""
+
+        dtype: Any = jnp.float32
+
+        @nn.compact
+        def __call__(self, x):
+            x = nn.Conv(8, (3, 3), padding="SAME", use_bias=False, dtype=self.dtype,
+                        param_dtype=jnp.float32)(x)
+            x = nn.relu(nn.BatchNorm(use_running_average=True, dtype=self.dtype,
+                                     param_dtype=jnp.float32)(x))
+            for i, width in enumerate((8, 16, 32, 64)):
+                x = Block(width, 1 if i == 0 else 2, self.dtype)(x)
+                x = Block(width, 1, self.dtype)(x)
+            x = jnp.mean(x, axis=(1, 2))
+            return nn.Dense(10, dtype=self.dtype, param_dtype=jnp.float32)(x).astype(jnp.float32)
+
+    def flax_model(name, dtype):
+        st = Stats(f"{fw}/{name}")
+        module = ResNet18(dtype=dtype)
+        x = st.input((2, 32, 32, 3))
+        variables = module.init(jax.random.PRNGKey(zlib.crc32(name.encode()) & 0xFFFF), x)
+        params = traverse_util.flatten_dict(jax.tree_util.tree_map(np.asarray, variables["params"]))
+        stats = traverse_util.flatten_dict(jax.tree_util.tree_map(np.asarray, variables["batch_stats"]))
+        bn_paths = sorted({p[:-1] for p in stats})
+        for path in bn_paths:
+            stats[path + ("mean",)] = st.mean(stats[path + ("mean",)].shape)
+            stats[path + ("var",)] = st.var(stats[path + ("var",)].shape)
+            params[path + ("scale",)] = st.gamma(params[path + ("scale",)].shape)
+            params[path + ("bias",)] = st.beta(params[path + ("bias",)].shape)
+        variables = jax.tree_util.tree_map(jnp.asarray, {
+            "params": traverse_util.unflatten_dict(params),
+            "batch_stats": traverse_util.unflatten_dict(stats)})
+        producers = sum(1 for p in params if p[-1] == "kernel")
+        return module, variables, x, len(bn_paths), producers
+
+    for dtype, tag, rtol in ((jnp.bfloat16, "bf16", 6e-2), (jnp.float16, "f16", 1e-2)):
+        module, variables, x, nbn, nprod = flax_model(f"resnet18_{tag}", dtype)
+        fn = lambda x, module=module, variables=variables: module.apply(variables, x)
+        yield Case(f"flax_resnet18_{tag}_nhwc", fw, "NHWC", nbn, nprod, "lower",
+                   f"Flax linen ResNet-18 layout (widths 8-64), dtype={tag}, param_dtype=f32: "
+                   "f32 params converted in the graph, conv in {tag}, BN math widened to f32",
+                   fn, x, np_out(fn(x)), rtol=rtol, dtype=tag)
+
+    module, variables, x, nbn, nprod = flax_model("resnet18_symbolic", jnp.float32)
+    fn = lambda x: module.apply(variables, x)
+    yield Case("flax_resnet18_symbolic_nhwc", fw, "NHWC", nbn, nprod, "export-symbolic",
+               "Flax linen ResNet-18 layout, f32, jax.export with a symbolic batch 'b'",
+               fn, x, np_out(fn(x)))
+    module, variables, x, nbn, nprod = flax_model("resnet18_multiplatform", jnp.float32)
+    fn2 = lambda x: module.apply(variables, x)
+    yield Case("flax_resnet18_multiplatform_nhwc", fw, "NHWC", nbn, nprod, "export-multiplatform",
+               "Flax linen ResNet-18 layout, f32, jax.export for platforms cpu and cuda",
+               fn2, x, np_out(fn2(x)))
+
+    # Keras 3 with a symbolic batch.
+    st = Stats(f"{fw}/keras_symbolic")
+    keras.utils.set_random_seed(7)
+    inputs = keras.Input((16, 16, 3))
+    y = layers.Conv2D(8, 3, padding="same")(inputs)
+    y = layers.ReLU()(layers.BatchNormalization()(y))
+    y = layers.DepthwiseConv2D(3, padding="same", use_bias=False)(y)
+    y = layers.ReLU(6.0)(layers.BatchNormalization()(y))
+    y = layers.Conv2D(16, 1, use_bias=False)(y)
+    y = layers.BatchNormalization()(y)
+    model = keras.Model(inputs, y)
+    for layer in model.layers:
+        if isinstance(layer, layers.BatchNormalization):
+            c = layer.moving_mean.shape
+            layer.moving_mean.assign(st.mean(c))
+            layer.moving_variance.assign(st.var(c))
+            layer.gamma.assign(st.gamma(c))
+            layer.beta.assign(st.beta(c))
+    x = st.input((2, 16, 16, 3))
+    trainable = [v.value for v in model.trainable_variables]
+    frozen = [v.value for v in model.non_trainable_variables]
+    kfn = lambda x: model.stateless_call(trainable, frozen, x, training=False)[0]
+    yield Case("keras_sepconv_symbolic_nhwc", fw, "NHWC", 3, 3, "export-symbolic",
+               "Keras 3 Conv2D/DepthwiseConv2D/Conv2D + BatchNormalization + ReLU/ReLU6 via "
+               "stateless_call, jax.export with a symbolic batch", kfn, x, np_out(kfn(x)))
+
+    # A jitted conv helper shared by four layers.
+    st = Stats(f"{fw}/jit_helper")
+
+    @jax.jit
+    def conv(x, k):
+        return jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    widths = (3, 8, 8, 16, 16)
+    layers_ = [dict(k=st.input((3, 3, a, b)) * np.float32(0.3), mean=st.mean(b), var=st.var(b),
+                    gamma=st.gamma(b), beta=st.beta(b)) for a, b in zip(widths, widths[1:])]
+
+    def helper_model(x):
+        for p in layers_:
+            y = conv(x, jnp.asarray(p["k"]))
+            x = jax.nn.relu((y - p["mean"]) / jnp.sqrt(p["var"] + 1e-5) * p["gamma"] + p["beta"])
+        return x
+
+    x = st.input((2, 8, 8, 3))
+    yield Case("jax_jit_conv_helper_nhwc", fw, "NHWC", 4, 4, "lower",
+               "plain JAX: a @jax.jit conv helper called by 4 layers with different kernels, "
+               "BN as (y - mean) / sqrt(var + eps) * gamma + beta", helper_model, x,
+               np_out(helper_model(x)))
+
+    # Equinox with filter_jit inside the model.
+    st = Stats(f"{fw}/equinox_filter_jit")
+
+    class ConvBN(eqx.Module):
+        conv: eqx.nn.Conv2d
+        bn: eqx.nn.BatchNorm
+
+        def __init__(self, cin, cout, *, key):
+            self.conv = eqx.nn.Conv2d(cin, cout, 3, padding=1, use_bias=False, key=key)
+            self.bn = eqx.nn.BatchNorm(cout, axis_name="batch", mode="ema")
+
+        @eqx.filter_jit
+        def __call__(self, x, state):
+            y, state = self.bn(self.conv(x), state)
+            return jax.nn.relu(y), state
+
+    class Net(eqx.Module):
+        a: ConvBN
+        b: ConvBN
+
+        def __init__(self, *, key):
+            k1, k2 = jax.random.split(key)
+            self.a, self.b = ConvBN(3, 8, key=k1), ConvBN(8, 8, key=k2)
+
+        def __call__(self, x, state):
+            x, state = self.a(x, state)
+            return self.b(x, state)
+
+    net, state = eqx.nn.make_with_state(Net)(key=jax.random.PRNGKey(3))
+    for b in (net.a.bn, net.b.bn):
+        state = state.set(b.ema_state_index, (jnp.asarray(st.mean(8)), jnp.asarray(st.var(8))))
+    net = eqx.tree_at(lambda n: (n.a.bn.weight, n.a.bn.bias, n.b.bn.weight, n.b.bn.bias), net,
+                      (jnp.asarray(st.gamma(8)), jnp.asarray(st.beta(8)),
+                       jnp.asarray(st.gamma(8)), jnp.asarray(st.beta(8))))
+    inference = eqx.nn.inference_mode(net)
+
+    def eqx_fn(x):
+        return jax.vmap(lambda xi: inference(xi, state)[0], axis_name="batch")(x)
+
+    x = st.input((2, 3, 8, 8))
+    yield Case("equinox_filter_jit_nchw", fw, "NCHW", 2, 2, "lower",
+               "Equinox Conv2d + BatchNorm blocks whose __call__ is eqx.filter_jit (private "
+               "functions with the parameters as arguments), vmap over the batch",
+               eqx_fn, x, np_out(eqx_fn(x)))
+
+
 BUILDERS: dict[str, Callable[[], Iterator[Case]]] = {
     "flax_linen": flax_linen_cases,
     "flax_nnx": flax_nnx_cases,
@@ -1128,6 +1340,7 @@ BUILDERS: dict[str, Callable[[], Iterator[Case]]] = {
     "equinox": equinox_cases,
     "keras": keras_cases,
     "torchax": torchax_cases,
+    "deployment": deployment_cases,
 }
 
 
@@ -1145,6 +1358,7 @@ def manifest_entry(case: Case, output_shape) -> dict:
         "output_shape": list(output_shape),
         "form": case.form,
         "rtol": case.rtol,
+        "dtype": case.dtype,
         "description": case.description,
     }
 

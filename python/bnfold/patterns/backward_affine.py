@@ -115,26 +115,25 @@ def plan(source: Source, chain: Chain, analysis: Analysis, *,
     assert compute is not None
     shape = elements.shape_of(result_type)  # -1 for symbolic dimensions
     steps = list(chain.steps)
-    reasons: list[tuple[Composed, str]] = []
+    reasons: list[tuple[bool, str]] = []  # (the prefix would normalize, why not)
     best: tuple[Composed, list[producers.KernelAxis]] | None = None
     for axis in producers.candidate_output_axes(source.leaves[0]):
         if shape[axis] < 0:
-            reasons.append((Composed([], Affine.identity(shape, axis), None),
-                            f"the feature axis {axis} has a symbolic size"))
+            reasons.append((False, f"the feature axis {axis} has a symbolic size"))
             continue
         composed = affine.compose(steps, Affine.identity(shape, axis), analysis.evaluator)
         if not composed.steps or (require_normalizing and not composed.normalizes):
-            reasons.append((composed, composed.stop_reason or "nothing to fold"))
+            reasons.append((composed.normalizes, composed.stop_reason or "nothing to fold"))
             continue
         kernel_axes = _kernel_axes(source.leaves, axis, analysis)
         if isinstance(kernel_axes, str):
-            reasons.append((composed, kernel_axes))
+            reasons.append((composed.normalizes, kernel_axes))
             continue
         if best is None or len(composed.steps) > len(best[0].steps):
             best = (composed, kernel_axes)
     if best is None:
         # Prefer the reason of a prefix that would have normalized.
-        reasons.sort(key=lambda r: not r[0].normalizes)
+        reasons.sort(key=lambda r: not r[0])
         return reasons[0][1] if reasons else "nothing to fold"
     composed, kernel_axes = best
     fit = composed.affine
