@@ -94,7 +94,8 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, storage: np.dtype,
         # float64 products, rounded once into `out` (numpy buffers internally).
         np.multiply(kernel, factor, out=out, dtype=np.float64, casting="unsafe")
         final = out if np.dtype(effective) == np.dtype(storage) else out.astype(effective)
-        if not np.isfinite(final).all():
+        # max and min propagate inf and NaN: two reductions, no temporary array.
+        if not (np.isfinite(final.max()) and np.isfinite(final.min())):
             bad = int(np.count_nonzero(~np.isfinite(final)))
             biggest = float(np.nanmax(np.abs(np.multiply(kernel, factor, dtype=np.float64))))
             return _overflow(effective, bad, biggest)
@@ -113,7 +114,7 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, storage: np.dtype,
 
 
 # Weights examined for the reported rounding (evenly strided beyond this).
-ROUNDING_SAMPLE = 1 << 16
+ROUNDING_SAMPLE = 1 << 12
 
 
 def _sampled_rounding(kernel: np.ndarray, factor: np.ndarray, final: np.ndarray) -> float:
