@@ -22,6 +22,7 @@ HEADERS = [
     "## Scaling",
     "## Memory",
     "## Graph size",
+    "## Real exports",
     "## Inference",
 ]
 
@@ -36,7 +37,10 @@ def test_bench_tiny_runs_every_section(tmp_path: Path) -> None:
     for header in HEADERS:
         assert header in proc.stdout, f"missing {header!r} in:\n{proc.stdout}"
     data = json.loads(out_json.read_text())
-    assert set(data["sections"]) == {"fold", "scaling", "memory", "graph", "inference"}
+    assert data["fold"]["separable_text"]["wall"]["ratio"] > 0
+    assert data["memory"]["rss_ratio"] > 0 and data["models_ratio"]["rows"]
+    assert set(data["sections"]) == {"fold", "scaling", "memory", "graph", "models",
+                                     "inference"}
 
 
 def test_bench_help() -> None:

@@ -132,7 +132,7 @@ def test_errors_list_every_offender():
     with pytest.raises(ValueError) as info:
         fold_exported(exported, bad)
     assert "['conv']" in str(info.value) and "['bn']['mean']" in str(info.value)
-    with pytest.raises(ValueError, match="pytree structure"):
+    with pytest.raises(ValueError, match=r"pytree does not match.*missing \['bn'\]"):
         fold_exported(exported, {"conv": params["conv"]})
     with pytest.raises(ValueError, match="argnums 5 does not exist"):
         fold_exported(exported, params, argnums=5)
@@ -173,3 +173,34 @@ def test_cli_binds_arguments_by_exported_name(tmp_path):
     assert not [n for n in support.op_names(folded) if n in NORM_OPS]
     numerics = support.numerics
     numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(exported.call(params, x))], "f32")
+
+
+def test_pytree_mismatch_names_the_differing_leaf_paths():
+    def f(p, x):
+        return x @ p["w"]
+
+    p = {"w": np.ones((3, 2), np.float32)}
+    exported = jax.export.export(jax.jit(f))(p, np.ones((1, 3), np.float32))
+    with pytest.raises(ValueError) as info:
+        fold_exported(exported, {"w": p["w"], "extra": p["w"]}, argnums=0)
+    message = str(info.value)
+    assert "unexpected ['extra']" in message and "PyTreeDef" not in message
+
+
+def test_fold_function_forwards_keyword_arguments():
+    def f(p, x, *, scale):
+        return (x @ p["w"]) * scale
+
+    p = {"w": np.ones((3, 2), np.float32)}
+    folded = fold_function(f, p, np.ones((1, 3), np.float32), scale=np.float32(2))
+    out = folded(np.ones((1, 3), np.float32), scale=np.float32(2))
+    np.testing.assert_allclose(np.asarray(out), [[6.0, 6.0]])
+
+
+def test_unknown_binding_names_are_listed_once_with_the_argument_names():
+    text = jax.jit(lambda x, w: x @ w).lower(np.ones((1, 3), np.float32),
+                                             np.ones((3, 2), np.float32)).as_text()
+    with pytest.raises(bnfold.BnfoldError) as info:
+        bnfold.fold_source(text, bindings={"nope": np.ones(2), "nada": np.ones(2)})
+    message = str(info.value)
+    assert message.count("answer to") == 1 and "'nope', 'nada'" in message

@@ -96,11 +96,11 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
     names = argument_names(func)
     chosen: dict[int, np.ndarray] = {}
     problems: list[str] = []
+    misses: list[str] = []
     for key, value in values.items():
         index = _resolve(key, names)
         if index is None:
-            problems.append(f"'{key}' names no argument of @{function} "
-                            f"(it has {len(names)}: {_describe(names)})")
+            misses.append(f"'{key}'")
             continue
         if index in chosen:
             problems.append(f"'{key}' binds argument {index} a second time")
@@ -116,6 +116,10 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
                             f"{arg_type}")
             continue
         chosen[index] = array
+    if misses:
+        problems.insert(0, f"{', '.join(misses)} name{'s' if len(misses) == 1 else ''} no "
+                           f"argument of @{function}; its {len(names)} arguments answer to: "
+                           f"{_describe(names)}")
     if problems:
         raise BnfoldError("cannot bind parameters:\n  " + "\n  ".join(problems),
                           location=source_name)

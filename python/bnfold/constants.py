@@ -79,7 +79,12 @@ class Evaluator:
         if cached is not None:
             return cached
         # Iterative post-order so long constant chains cannot hit Python's
-        # recursion limit.
+        # recursion limit. Floating-point warnings (x / 0, overflow) are results
+        # for the callers to judge, not errors.
+        with np.errstate(all="ignore"):
+            return self._evaluate(value)
+
+    def _evaluate(self, value: ir.Value) -> Result:
         stack: list[tuple[ir.Value, bool]] = [(value, False)]
         while stack:
             current, expanded = stack.pop()
@@ -131,8 +136,7 @@ class Evaluator:
             args.append(r)
         shape = tuple(ty.shape)
         try:
-            with np.errstate(all="ignore"):
-                array = handler(op, args, shape, dtype)
+            array = handler(op, args, shape, dtype)
         except (ValueError, TypeError, ZeroDivisionError, OverflowError) as e:
             return NotConst(f"cannot evaluate {op.name}: {e}")
         if array is None:

@@ -62,8 +62,8 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
     for n, value in zip(nums, values, strict=True):
         leaves, tree = tree_util.tree_flatten(value)
         if tree != arg_trees[n]:
-            problems.append(f"argument {n}: pytree structure {tree} does not match the exported "
-                            f"{arg_trees[n]}")
+            problems.append(f"argument {n}: the pytree does not match the exported one: "
+                            f"{_tree_difference(value, arg_trees[n])}")
             continue
         paths = [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(value)[0]]
         for k, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
@@ -133,15 +133,36 @@ class FoldedFunction:
         return self.exported.call(*args, **kwargs)
 
 
+def _tree_difference(value: Any, expected_tree: Any) -> str:
+    """The leaf paths only one side has (a readable diff, not two treedefs)."""
+    from jax import tree_util
+
+    def paths(tree_value: Any) -> set[str]:
+        return {tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(tree_value)[0]}
+
+    given = paths(value)
+    expected = paths(tree_util.tree_unflatten(expected_tree, [0] * expected_tree.num_leaves))
+    missing, extra = sorted(expected - given), sorted(given - expected)
+    parts = []
+    if missing:
+        parts.append(f"missing {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+    if extra:
+        parts.append(f"unexpected {', '.join(extra[:8])}" + (" ..." if len(extra) > 8 else ""))
+    return "; ".join(parts) or "same leaf paths, different container types"
+
+
 def fold_function(fn: Callable[..., Any], params: Any, *example_args: Any,
-                  options: FoldOptions | None = None) -> FoldedFunction:
-    """Exports `fn(params, *example_args)`, binds `params` and folds.
+                  options: FoldOptions | None = None, **example_kwargs: Any) -> FoldedFunction:
+    """Exports `fn(params, *example_args, **example_kwargs)`, binds `params` and folds.
 
         folded = bnfold.jax_export.fold_function(model.apply, variables, x)
         y = folded(x)              # same as model.apply(variables, x)
+
+    Keyword arguments are part of the exported signature: call the result with
+    the same keywords (e.g. `train=False` for a module that takes it).
     """
     import jax
 
-    exported = jax.export.export(jax.jit(fn))(params, *example_args)
+    exported = jax.export.export(jax.jit(fn))(params, *example_args, **example_kwargs)
     folded, report = fold_exported(exported, params, argnums=0, options=options)
     return FoldedFunction(folded, report)
