@@ -22,7 +22,17 @@ import numpy as np
 
 from bnfold import elements
 from bnfold.errors import BnfoldError
-from bnfold.graph import defining_op, functions, is_private, lookup_function, symbol_name
+from bnfold.graph import (
+    callee_name,
+    calls,
+    defining_op,
+    function_of,
+    functions,
+    is_private,
+    lookup_function,
+    symbol_name,
+    symbol_table_of,
+)
 from bnfold.ir import ir, location_name, stablehlo
 
 
@@ -72,16 +82,11 @@ def _calls_in(func: ir.Operation) -> list[ir.Operation]:
 
 
 def _callee_of(call: ir.Operation) -> ir.Operation | None:
-    module_op = call.parent
-    while module_op is not None and module_op.operation.name != "builtin.module":
-        module_op = module_op.parent
+    func = function_of(call)
+    module_op = func.parent if func is not None else None
     if module_op is None:
         return None
-    name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
-    for op in module_op.regions[0].blocks[0].operations:
-        if op.operation.name == "func.func" and symbol_name(op.operation) == name:
-            return op.operation
-    return None
+    return symbol_table_of(module_op.operation).get(callee_name(call))
 
 
 def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
@@ -141,10 +146,8 @@ def propagate_constants(module: ir.Module, func: ir.Operation, _depth: int = 0) 
     if _depth > 8:
         return
     counts: dict[str, int] = {}
-    for f in functions(module):
-        for call in _all_calls(f):
-            name = ir.FlatSymbolRefAttr(call.attributes["callee"]).value
-            counts[name] = counts.get(name, 0) + 1
+    for call in calls(functions(module)):
+        counts[callee_name(call)] = counts.get(callee_name(call), 0) + 1
     for call in _calls_in(func):
         callee = _callee_of(call)
         if callee is None or not is_private(callee) or counts.get(symbol_name(callee)) != 1 or \
@@ -165,17 +168,6 @@ def propagate_constants(module: ir.Module, func: ir.Operation, _depth: int = 0) 
         if changed:
             propagate_constants(module, callee, _depth + 1)
 
-
-def _all_calls(func: ir.Operation) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.operation.name == "func.call":
-            found.append(op.operation)
-        return ir.WalkResult.ADVANCE
-
-    func.walk(visit)
-    return found
 
 
 def _resolve(key: str | int, names: list[set[str]]) -> int | None:

@@ -9,7 +9,7 @@ must equal `fold(m)`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 from bnfold.ir import ir
 
@@ -97,14 +97,41 @@ def function_name(op: ir.Operation) -> str:
 
 def functions(module: ir.Module) -> Iterator[ir.Operation]:
     """The module's top-level `func.func` ops, in order."""
-    for op in module.body.operations:
+    return _functions_in(module.body)
+
+
+def _functions_in(body: ir.Block) -> Iterator[ir.Operation]:
+    for op in body.operations:
         if op.operation.name == "func.func":
             yield op.operation
+
+
+def calls(funcs: Iterable[ir.Operation]) -> list[ir.Operation]:
+    """Every `func.call` inside `funcs` (nested regions included), in order."""
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.operation.name == "func.call":
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    for func in funcs:
+        func.walk(visit)
+    return found
+
+
+def callee_name(call: ir.Operation) -> str:
+    return ir.FlatSymbolRefAttr(call.attributes["callee"]).value
 
 
 def symbol_table(module: ir.Module) -> dict[str, ir.Operation]:
     """`{name: func.func}` for every top-level function."""
     return {symbol_name(f): f for f in functions(module)}
+
+
+def symbol_table_of(module_op: ir.Operation) -> dict[str, ir.Operation]:
+    """`symbol_table` for a `builtin.module` operation."""
+    return {symbol_name(f): f for f in _functions_in(module_op.regions[0].blocks[0])}
 
 
 def lookup_function(module: ir.Module, name: str) -> ir.Operation | None:

@@ -37,23 +37,24 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
     `params` is the pytree passed as argument `argnums` at export time (a
     tuple of pytrees when `argnums` is a sequence). Pass `argnums=()` to fold
     without binding. Returns the new `Exported` and the fold report.
-    Raises ValueError when the pytree, a shape or a dtype does not match.
+    Raises `BnfoldError` (a ValueError) listing every mismatched pytree path,
+    shape or dtype.
     """
     from jax import tree_util
 
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     values = (params,) if isinstance(argnums, int) else tuple(params or ())
     if len(values) != len(nums):
-        raise ValueError(f"argnums {nums} needs {len(nums)} parameter pytrees, got {len(values)}")
+        raise BnfoldError(f"argnums {nums} needs {len(nums)} parameter pytrees, got {len(values)}")
 
     args_tree, kwargs_tree = exported.in_tree.children()
     arg_trees = args_tree.children()
     for n in nums:
         if not 0 <= n < len(arg_trees):
-            raise ValueError(f"argnums {n} does not exist: the exported function takes "
+            raise BnfoldError(f"argnums {n} does not exist: the exported function takes "
                              f"{len(arg_trees)} positional argument(s)")
     if len(set(nums)) != len(nums):
-        raise ValueError(f"argnums {nums} repeats an argument")
+        raise BnfoldError(f"argnums {nums} repeats an argument")
 
     # Flat positions of every positional argument's leaves among in_avals.
     starts = np.cumsum([0] + [t.num_leaves for t in arg_trees])
@@ -76,7 +77,7 @@ def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[
                 continue
             bound_flat[flat] = array
     if problems:
-        raise ValueError("cannot bind parameters to the exported function:\n  " +
+        raise BnfoldError("cannot bind parameters to the exported function:\n  " +
                          "\n  ".join(problems))
 
     kept = list(exported.module_kept_var_idx)

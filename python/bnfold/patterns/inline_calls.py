@@ -33,7 +33,17 @@ from collections.abc import Callable
 
 from bnfold import producers
 from bnfold.affine import Analysis
-from bnfold.graph import defining_op, function_name, functions, is_private, live_users, symbol_name
+from bnfold.graph import (
+    callee_name,
+    calls,
+    defining_op,
+    function_name,
+    function_of,
+    functions,
+    is_private,
+    live_users,
+    symbol_name,
+)
 from bnfold.ir import ir
 
 NAME = "inline-calls"
@@ -53,12 +63,12 @@ def run(module: ir.Module, funcs: list[ir.Operation],
     for _ in range(_MAX_ROUNDS):
         analysis = make_analysis()
         table = {symbol_name(f): f for f in functions(module)}
-        calls = [c for c in _calls(f for f in functions(module) if symbol_name(f) in names)
+        worth = [c for c in calls(f for f in functions(module) if symbol_name(f) in names)
                  if _worth_inlining(c, table, analysis)]
-        if not calls:
+        if not worth:
             break
-        for call in calls:
-            callee = table[_callee(call)]
+        for call in worth:
+            callee = table[callee_name(call)]
             changed.add(function_name(call))
             inlined.append(symbol_name(callee))
             _inline(call, callee)
@@ -66,28 +76,11 @@ def run(module: ir.Module, funcs: list[ir.Operation],
     return changed, inlined
 
 
-def _callee(call: ir.Operation) -> str:
-    return ir.FlatSymbolRefAttr(call.attributes["callee"]).value
-
-
-def _calls(funcs: object) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.operation.name == "func.call":
-            found.append(op.operation)
-        return ir.WalkResult.ADVANCE
-
-    for func in funcs:  # type: ignore[attr-defined]
-        func.walk(visit)
-    return found
-
-
 def _worth_inlining(call: ir.Operation, table: dict[str, ir.Operation],
                     analysis: Analysis) -> bool:
-    callee = table.get(_callee(call))
+    callee = table.get(callee_name(call))
     if callee is None or not is_private(callee) or len(callee.regions[0].blocks) != 1 or \
-            callee == _enclosing_function(call):
+            callee == function_of(call):
         return False
     block = callee.regions[0].blocks[0]
     body = list(block.operations)
@@ -124,13 +117,6 @@ def _constant_at_call(value: ir.Value, arguments: list[ir.Value], call: ir.Opera
     return analysis.constant(value) is not None
 
 
-def _enclosing_function(op: ir.Operation) -> ir.Operation | None:
-    parent = op.parent
-    while parent is not None and parent.operation.name != "func.func":
-        parent = parent.parent
-    return None if parent is None else parent.operation
-
-
 def _inline(call: ir.Operation, callee: ir.Operation) -> None:
     """Copies the callee's body before `call`, redirects its results, erases the call."""
     block = callee.regions[0].blocks[0]
@@ -160,7 +146,7 @@ def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
 
 def _drop_uncalled(module: ir.Module, names: set[str]) -> None:
     """Erases private functions in `names` that no call refers to any more."""
-    called = {_callee(c) for c in _calls(functions(module))}
+    called = {callee_name(c) for c in calls(functions(module))}
     for func in list(functions(module)):
         if symbol_name(func) in names and symbol_name(func) not in called and is_private(func):
             func.erase()
