@@ -27,7 +27,8 @@ func.func @fold_batch_norm(%x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32> {
   // REPORT-NEXT:   "stablehlo.batch_norm_inference"
   // REPORT-NEXT: ],
   // REPORT-NEXT: "function": "fold_batch_norm",
-  // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}}
+  // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}},
+  // REPORT-NEXT: "kind": "normalization"
   return %bn : tensor<1x3x3x2xf32>
 }
 
@@ -60,7 +61,8 @@ func.func @fold_decomposed_chain(%x: tensor<1x2x3x3xf32>) -> tensor<1x3x3x3xf32>
   // REPORT-NEXT:   "stablehlo.add"
   // REPORT-NEXT: ],
   // REPORT-NEXT: "function": "fold_decomposed_chain",
-  // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}}
+  // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}},
+  // REPORT-NEXT: "kind": "normalization"
   return %y : tensor<1x3x3x3xf32>
 }
 
@@ -83,7 +85,8 @@ func.func @fold_into_dot_general(%x: tensor<2x3xf32>) -> tensor<2x4xf32> {
   // REPORT-NEXT: "direction": "backward",
   // REPORT-NEXT: "channels": 4,
   // REPORT:      "function": "fold_into_dot_general",
-  // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}}
+  // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}},
+  // REPORT-NEXT: "kind": "normalization"
   // REPORT-NEXT: }
   // REPORT-NEXT: ],
   return %bn : tensor<2x4xf32>

@@ -380,12 +380,6 @@ def _bad_missing(tmp_path: Path, cli) -> tuple[Path, str]:
     return path, re.escape(str(path))
 
 
-def _bad_empty(tmp_path: Path, cli) -> tuple[Path, str]:
-    path = tmp_path / "empty.mlir"
-    path.write_bytes(b"")
-    return path, re.escape(str(path)) + r".*empty"
-
-
 def _bad_garbage(tmp_path: Path, cli) -> tuple[Path, str]:
     path = tmp_path / "garbage.bin"
     path.write_bytes(bytes(range(256)) * 8)
@@ -421,7 +415,6 @@ def _bad_verifier(tmp_path: Path, cli) -> tuple[Path, str]:
 
 BAD_INPUTS = {
     "missing-file": _bad_missing,
-    "empty-file": _bad_empty,
     "binary-garbage": _bad_garbage,
     "non-utf8-text": _bad_non_utf8,
     "truncated-bytecode": _bad_truncated_bytecode,

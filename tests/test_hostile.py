@@ -92,8 +92,13 @@ def test_skip_func_leaves_that_function_alone():
     assert [f.function for f in report.folds] == ["main"]
 
 
+def test_empty_input_is_an_empty_module():
+    """mlir-opt's convention: nothing in, an empty module out."""
+    folded, report = bnfold.fold_text("", source_name="empty.mlir")
+    assert folded.strip() == "module {\n}" and not report.folds and not report.skipped
+
+
 @pytest.mark.parametrize("source", [
-    "",
     "\x00\x01garbage",
     "func.func @f() { %0 = unknown.op : () -> () }",
     "func.func @f(%a: tensor<2xf32>) -> tensor<3xf32> { return %a : tensor<2xf32> }",

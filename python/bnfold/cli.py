@@ -78,6 +78,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", metavar="FILE.json",
                         help="write the fold report (folds and skipped ops with reasons) as "
                              "JSON; '-' is stdout (then give -o a file)")
+    parser.add_argument("--report-format", choices=("json", "text"), default="json",
+                        help="--report as JSON (default) or a human-readable table")
     parser.add_argument("--report-params", metavar="FILE.npz",
                         help="save each fold's statistics as <fold id>/<name> arrays: scale, "
                              "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference; "
@@ -97,9 +99,22 @@ def build_parser() -> argparse.ArgumentParser:
                              "multiply + add (for the reference interpreter and back ends "
                              "without a batch-norm op)")
     parser.add_argument("--split-input-file", action="store_true",
-                        help="treat '// -----' lines as separators of independent modules")
-    parser.add_argument("--print-debuginfo", action="store_true",
-                        help="print locations in MLIR text output")
+                        help="treat '// -----' lines as separators of independent modules; a "
+                             "bad chunk is reported with its line, the others are still "
+                             "processed (printed to stdout; a file output is written only "
+                             "when every chunk succeeded), and the exit status is 1")
+    parser.add_argument("--mlir-print-debuginfo", "--print-debuginfo", dest="print_debuginfo",
+                        action="store_true", help="print locations in MLIR text output")
+    parser.add_argument("--mlir-print-op-generic", dest="print_generic", action="store_true",
+                        help="print ops in the generic form")
+    parser.add_argument("--mlir-elide-elementsattrs-if-larger", dest="elide_larger", type=int,
+                        metavar="N", help="print constants with more than N elements as "
+                                          "dense_resource<__elided__> (readable, not runnable)")
+    parser.add_argument("--emit-bytecode", dest="emit", action="store_const", const="bytecode",
+                        help="same as --emit bytecode")
+    parser.add_argument("--allow-unregistered-dialect", action="store_true",
+                        help="accept ops of dialects bnfold does not know; they pass through "
+                             "untouched")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no summary line on stderr")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
@@ -170,10 +185,14 @@ def _run(args: argparse.Namespace, name: str) -> int:
         results = [_process(args, options, name, bound, report, data=chunk)
                    for chunk in _split(_read(args.input))]
         folded = [m for m in results if m is not None]
+        out = b"// -----\n".join(m.serialize("mlir", **_print_options(args)) for m in folded)
         if len(folded) != len(results):
+            # Like mlir-opt: the other chunks are still printed and the exit status
+            # is 1; a file output stays untouched (never a partial file).
+            if args.output == "-":
+                sys.stdout.buffer.write(out)
+                sys.stdout.buffer.flush()
             return 1
-        out = b"// -----\n".join(m.serialize("mlir", debug_info=args.print_debuginfo)
-                                  for m in folded)
     else:
         if args.input == "-":
             module = _process(args, options, name, bound, report, data=_read("-"))
@@ -186,7 +205,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
         out = functools.partial(_write_module, module, args)
     outputs.set_data("-o", out)
     if args.report:
-        outputs.set_data("--report", report.dumps().encode())
+        outputs.set_data("--report", (report.dumps() if args.report_format == "json"
+                                      else report.table()).encode())
     if args.report_params:
         outputs.set_data("--report-params", report.params_npz())
     outputs.write_all()
@@ -211,7 +231,12 @@ def _write_module(folded: Folded, args: argparse.Namespace, file: BinaryIO) -> N
 
     with folded.context:
         bir.write(folded.module, args.emit, file, target_version=args.target_version,
-                  debug_info=args.print_debuginfo)
+                  **_print_options(args))
+
+
+def _print_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {"debug_info": args.print_debuginfo, "generic": args.print_generic,
+            "elide_larger": args.elide_larger}
 
 
 def _process(args: argparse.Namespace, options: FoldOptions, name: str,
@@ -221,7 +246,8 @@ def _process(args: argparse.Namespace, options: FoldOptions, name: str,
     """Parses, binds and folds one module; prints errors and returns None on failure."""
     try:
         folded = fold_source(data, path=path, name=name, options=options, bindings=bound,
-                             bind_function=args.bind_func)
+                             bind_function=args.bind_func,
+                             allow_unregistered=args.allow_unregistered_dialect)
     except BnfoldError as e:
         print(str(e), file=sys.stderr)
         return None

@@ -41,9 +41,14 @@ Format = Literal["mlir", "bytecode", "portable"]
 _BYTECODE_MAGIC = b"ML\xefR"
 
 
-def make_context() -> ir.Context:
-    """A context with every dialect a JAX export can contain."""
+def make_context(*, allow_unregistered: bool = False) -> ir.Context:
+    """A context with every dialect a JAX export can contain.
+
+    `allow_unregistered` lets ops of unknown dialects parse (and pass through
+    untouched), as mlir-opt's --allow-unregistered-dialect does.
+    """
     context = ir.Context()
+    context.allow_unregistered_dialects = allow_unregistered
     registry = ir.DialectRegistry()
     _jax_mlir_ext.register_dialects(registry)
     context.append_dialect_registry(registry)
@@ -71,9 +76,7 @@ def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> i
     the parser's "-" file name) on any failure.
     """
     raw = data.encode() if isinstance(data, str) else data
-    if not raw.strip():
-        raise BnfoldError("input is empty", location=name)
-    fmt = detect_format(raw)
+    fmt = detect_format(raw)  # empty input: an empty module (mlir-opt's convention)
     if fmt == "mlir" and b"\x00" in raw[:4096]:
         raise BnfoldError("input is neither MLIR text nor MLIR bytecode", location=name)
     try:
@@ -95,7 +98,7 @@ def parse_path(path: str, context: ir.Context, *, name: str | None = None) -> ir
     with open(path, "rb") as f:
         head = f.read(4096)
     fmt = detect_format(head)
-    if fmt == "portable" or not head.strip() or (fmt == "mlir" and b"\x00" in head):
+    if fmt == "portable" or (fmt == "mlir" and b"\x00" in head):
         with open(path, "rb") as f:
             return parse(f.read(), context, name=name)
     try:
@@ -109,19 +112,28 @@ def parse_path(path: str, context: ir.Context, *, name: str | None = None) -> ir
 
 
 def write(module: ir.Module, fmt: Format, file: BinaryIO, *, target_version: str | None = None,
-          debug_info: bool = False) -> None:
-    """Streams the module to a binary file object (no full copy in Python for text)."""
+          debug_info: bool = False, generic: bool = False,
+          elide_larger: int | None = None) -> None:
+    """Streams the module to a binary file object (no full copy in Python for text).
+
+    Text options follow mlir-opt: `debug_info` (--mlir-print-debuginfo),
+    `generic` (--mlir-print-op-generic), `elide_larger`
+    (--mlir-elide-elementsattrs-if-larger: constants with more elements print
+    as `dense_resource<__elided__>`).
+    """
     if fmt == "portable":
         file.write(serialize(module, fmt, target_version=target_version))
     elif fmt == "bytecode":
         module.operation.write_bytecode(file)
     else:
         module.operation.print(file=file, binary=True, enable_debug_info=debug_info,
+                               print_generic_op_form=generic, large_elements_limit=elide_larger,
                                assume_verified=True)
 
 
 def serialize(module: ir.Module, fmt: Format, *, target_version: str | None = None,
-              debug_info: bool = False) -> bytes:
+              debug_info: bool = False, generic: bool = False,
+              elide_larger: int | None = None) -> bytes:
     """The module as text, bytecode or a portable artifact."""
     if fmt == "portable":
         target = target_version or stablehlo.get_current_version()
@@ -133,11 +145,7 @@ def serialize(module: ir.Module, fmt: Format, *, target_version: str | None = No
             raise BnfoldError(f"cannot serialize a portable artifact for StableHLO "
                               f"{target}: {e}") from None
     buf = io.BytesIO()
-    if fmt == "bytecode":
-        module.operation.write_bytecode(buf)
-    else:
-        module.operation.print(file=buf, binary=True, enable_debug_info=debug_info,
-                               assume_verified=True)
+    write(module, fmt, buf, debug_info=debug_info, generic=generic, elide_larger=elide_larger)
     return buf.getvalue()
 
 

@@ -95,7 +95,7 @@ class Folded:
 def fold_source(data: bytes | str | None = None, *, path: str | None = None,
                 name: str = "<input>", options: FoldOptions | None = None,
                 bindings: Bindings | None = None,
-                bind_function: str = "main") -> Folded:
+                bind_function: str = "main", allow_unregistered: bool = False) -> Folded:
     """The one pipeline: parse -> bind -> fold -> verify (-> report, write by the caller).
 
     Reads `data` (text, bytecode or a portable artifact) or the file at
@@ -105,7 +105,7 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     the jax.export hook and the numerics harness. Raises `BnfoldError` for
     bad input.
     """
-    context = make_context()
+    context = make_context(allow_unregistered=allow_unregistered)
     if path is not None:
         module = parse_path(path, context, name=name)
     elif data is not None:
@@ -203,7 +203,7 @@ class _Pass:
             return {}
         norm, replaced = backward_affine.apply(plan)
         self.ledger.fold(_fold_record(self.ledger, source.leaves[0], norm, plan.affine,
-                                      "backward", plan.kernel_rounding),
+                                      "backward", plan.kernel_rounding, list(plan.steps)),
                          [s.op for s in plan.steps])
         rest = list(chain.steps[len(plan.steps):])
         if plan.rest_reason and affine.looks_like_normalization(rest):
@@ -224,7 +224,8 @@ class _Pass:
             return None
         norm, folded = forward_affine.apply(plan)
         fold = self.ledger.fold(_fold_record(self.ledger, folded, norm, plan.affine, "forward",
-                                             plan.kernel.worst_relative_rounding),
+                                             plan.kernel.worst_relative_rounding,
+                                             list(match.steps)),
                                 [s.op for s in match.steps])
         if plan.merge_into is not None:
             self.ledger.consume(fold, [plan.merge_into])
@@ -295,7 +296,8 @@ def _batch_norm_reason(op: ir.Operation) -> str:
 
 
 def _fold_record(ledger: Ledger, producer: ir.Operation, norm: ir.Operation,
-                 fit: affine.Affine, direction: str, kernel_rounding: float) -> Fold:
+                 fit: affine.Affine, direction: str, kernel_rounding: float,
+                 steps: list[Step]) -> Fold:
     params = {"scale": fit.scale.copy(), "shift": fit.shift.copy()}
     if len(fit.gamma_beta) == 1:
         params.update(fit.gamma_beta[0])
@@ -306,4 +308,5 @@ def _fold_record(ledger: Ledger, producer: ir.Operation, norm: ir.Operation,
         direction=direction, channels=fit.channels, ops=[], function=function_name(producer),
         params=params,
         kernel_rounding=kernel_rounding,
+        kind="normalization" if affine.looks_like_normalization(steps) else "affine",
     )

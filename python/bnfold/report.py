@@ -16,6 +16,7 @@ keys `<fold id>/<name>`.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,6 +38,9 @@ class Fold:
     params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
     # max |K.new - K*s| / |K*s| of the folded kernel against float64 (precision contract)
     kernel_rounding: float = 0.0
+    # "normalization" (a batch norm, however spelled: a scale and a shift), or
+    # "affine" (another per-channel step, e.g. a mean-pool's divide folded forward)
+    kind: str = "normalization"
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -44,6 +48,7 @@ class Fold:
             "norm": self.norm, "norm_op": self.norm_op, "form": self.form,
             "direction": self.direction, "channels": self.channels, "ops": self.ops,
             "function": self.function, "kernel_rounding": self.kernel_rounding,
+            "kind": self.kind,
         }
 
 
@@ -83,6 +88,29 @@ class Report:
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
 
+    def table(self) -> str:
+        """A human-readable table: each fold, then each skipped op with its reason.
+
+            fold   direction  producer            norm                channels  kind
+            fold0  backward   model.mlir:12:10    model.mlir:14:10    16        normalization
+            ...
+            skipped  op                 op name                         reason
+            1        model.mlir:30:10   stablehlo.batch_norm_inference  the mean is ...
+        """
+        rows = [("fold", "direction", "producer", "norm", "channels", "kind")]
+        rows += [(f.id, f.direction, f.producer, f.norm, str(f.channels), f.kind)
+                 for f in self.folds]
+        lines = _columns(rows) if self.folds else ["no folds"]
+        lines.append("")
+        if self.skipped:
+            skips = [("skipped", "op", "op name", "reason")]
+            skips += [(str(i), s.op, s.op_name, s.reason) for i, s in enumerate(self.skipped, 1)]
+            lines += _columns(skips)
+        else:
+            lines.append("nothing skipped")
+        lines += ["", self.summary()]
+        return "\n".join(lines) + "\n"
+
     def params(self) -> dict[str, np.ndarray]:
         """Flat `{"fold0/gamma": array, ...}` for every fold."""
         return {f"{fold.id}/{k}": v for fold in self.folds for k, v in fold.params.items()}
@@ -99,13 +127,15 @@ class Report:
         write_file(path, self.params_npz(), "--report-params")
 
     def summary(self) -> str:
-        by_form: dict[str, int] = {}
-        for f in self.folds:
-            by_form[f"{f.direction} {f.form}"] = by_form.get(f"{f.direction} {f.form}", 0) + 1
-        detail = ", ".join(f"{n} {k}" for k, n in sorted(by_form.items()))
-        text = f"folded {len(self.folds)} normalization(s)"
-        if detail:
-            text += f" ({detail})"
+        """One line: `folded 53 normalization(s) (...) (+1 other affine: ...), skipped 0`."""
+        norms = [f for f in self.folds if f.kind == "normalization"]
+        others = [f for f in self.folds if f.kind != "normalization"]
+        text = f"folded {len(norms)} normalization(s)"
+        if norms:
+            text += f" ({_count(f'{f.direction} {f.form}' for f in norms)})"
+        if others:
+            steps = _count(f"{_short(f.norm_op)} folded {f.direction}" for f in others)
+            text += f" (+{len(others)} other affine: {steps})"
         text += f", skipped {len(self.skipped)}"
         if self.expanded:
             text += f", expanded {self.expanded} batch_norm_inference"
@@ -116,3 +146,22 @@ class Report:
             text += ("; every normalization's parameters are function arguments: bind them "
                      "with --bind-params FILE.npz (or bnfold.jax_export.fold_exported)")
         return text
+
+
+def _short(op_name: str) -> str:
+    return op_name.removeprefix("stablehlo.")
+
+
+def _count(labels: Iterable[str]) -> str:
+    """`2 backward decomposed, 1 forward decomposed` (sorted by label)."""
+    counts: dict[str, int] = {}
+    for label in labels:
+        counts[label] = counts.get(label, 0) + 1
+    return ", ".join(f"{n} {label}" for label, n in sorted(counts.items()))
+
+
+def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """Left-aligned columns; the last column is not padded."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
+    return ["  ".join([c.ljust(w) for c, w in zip(r[:-1], widths, strict=True)] + [r[-1]])
+            for r in rows]

@@ -1,0 +1,82 @@
+"""mlir-opt habits of bnfold-opt (issue 14): print flags, unknown dialects, split files."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import support
+
+CONV_BN = support.TESTDATA / "conv2d_nhwc_bn.mlir"
+MOBILENET = support.MODELS / "keras_mobilenetv2_nhwc.mlir"
+
+
+def run(*args: object, stdin: bytes | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bnfold", *map(str, args)], input=stdin,
+                          capture_output=True, timeout=120)
+
+
+def test_print_flags_follow_mlir_opt():
+    plain = run("-q", CONV_BN).stdout.decode()
+    debug = run("-q", CONV_BN, "--mlir-print-debuginfo").stdout.decode()
+    alias = run("-q", CONV_BN, "--print-debuginfo").stdout.decode()
+    assert "loc(" not in plain and "loc(" in debug and debug == alias
+    generic = run("-q", CONV_BN, "--mlir-print-op-generic").stdout.decode()
+    assert '"stablehlo.convolution"(' in generic
+    elided = run("-q", CONV_BN, "--mlir-elide-elementsattrs-if-larger", "4").stdout.decode()
+    assert "dense_resource<__elided__>" in elided and "__elided__" not in plain
+
+
+def test_emit_bytecode_alias(tmp_path):
+    a, b = tmp_path / "a.mlirbc", tmp_path / "b.mlirbc"
+    assert run("-q", CONV_BN, "--emit-bytecode", "-o", a).returncode == 0
+    assert run("-q", CONV_BN, "--emit", "bytecode", "-o", b).returncode == 0
+    assert a.read_bytes() == b.read_bytes() and a.read_bytes().startswith(b"ML\xefR")
+
+
+def test_unregistered_dialects_pass_through_with_the_flag():
+    text = CONV_BN.read_text().replace(
+        "return", '"mydialect.marker"() : () -> ()\n    return', 1)
+    refused = run("-q", "-", stdin=text.encode())
+    assert refused.returncode == 1 and b"allow-unregistered-dialect" in refused.stderr
+    accepted = run("-", "--allow-unregistered-dialect", stdin=text.encode())
+    assert accepted.returncode == 0, accepted.stderr
+    assert b'"mydialect.marker"()' in accepted.stdout and b"folded 1" in accepted.stderr
+
+
+def test_split_input_file_processes_the_good_chunks_and_exits_1():
+    good = CONV_BN.read_text()
+    bad = "func.func @bad(%a: tensor<2xf32>) -> tensor<3xf32> {\n  return %a : tensor<2xf32>\n}\n"
+    proc = run("-q", "--split-input-file", "-", stdin=(good + "// -----\n" + bad).encode())
+    assert proc.returncode == 1
+    assert b"stablehlo.convolution" in proc.stdout and b"batch_norm_inference" not in proc.stdout
+    assert b"error" in proc.stderr
+
+
+def test_split_input_file_with_an_output_file_writes_nothing_on_error(tmp_path):
+    out = tmp_path / "out.mlir"
+    bad = "func.func @bad(%a: tensor<2xf32>) -> tensor<3xf32> {\n  return %a : tensor<2xf32>\n}\n"
+    text = CONV_BN.read_text() + "// -----\n" + bad
+    proc = run("-q", "--split-input-file", "-", "-o", out, stdin=text.encode())
+    assert proc.returncode == 1 and not out.exists()
+
+
+def test_empty_input_is_an_empty_module():
+    proc = run("-q", "-", stdin=b"")
+    assert proc.returncode == 0 and proc.stdout.decode().strip() == "module {\n}"
+
+
+def test_report_format_text_is_a_table(tmp_path):
+    proc = run("-q", CONV_BN, "-o", tmp_path / "out.mlir", "--report", "-",
+               "--report-format", "text")
+    lines = proc.stdout.decode().splitlines()
+    assert lines[0].split() == ["fold", "direction", "producer", "norm", "channels", "kind"]
+    assert lines[1].startswith("fold0") and "backward" in lines[1]
+    assert "nothing skipped" in lines and lines[-1].startswith("folded 1 normalization(s)")
+
+
+def test_summary_separates_batch_norms_from_other_affine_folds(tmp_path):
+    proc = run(MOBILENET, "-o", tmp_path / "out.mlir")
+    summary = proc.stderr.decode()
+    assert "folded 52 normalization(s)" in summary
+    assert "(+1 other affine: 1 divide folded forward)" in summary
