@@ -35,3 +35,17 @@ def test_setup_commands_are_the_ones_ci_runs():
     assert commands == ["pip install -e '.[test]'", "python -m pytest"]
     for command in commands:
         assert command in ci
+
+
+def test_pass_manager_example_runs():
+    section = README[README.index("## Pass pipelines"):README.index("## Using bnfold with jax.export")]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    import os
+    cwd = os.getcwd()
+    os.chdir(support.ROOT)
+    try:
+        exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    finally:
+        os.chdir(cwd)
+    assert len(namespace["fold"].report.folds) == 8

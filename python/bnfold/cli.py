@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
                              "become constants and leave the signature")
     parser.add_argument("--bind-func", default="main", metavar="NAME",
                         help="function whose arguments --bind-params binds (default: main)")
+    parser.add_argument("--pass-pipeline", metavar="PIPELINE",
+                        help="run this textual pipeline instead of the default fold, mixing "
+                             "bnfold's passes (bnfold-fold{disable=... skip-func=... "
+                             "expand-batch-norm=true}, bnfold-expand-batch-norm) with MLIR's, "
+                             "e.g. 'builtin.module(bnfold-fold,cse,symbol-dce)'")
     parser.add_argument("--disable", default="", metavar="NAMES",
                         help="comma-separated pattern names not to run (see below)")
     parser.add_argument("--skip-func", action="append", default=[], metavar="NAME",
@@ -247,7 +252,8 @@ def _process(args: argparse.Namespace, options: FoldOptions, name: str,
     try:
         folded = fold_source(data, path=path, name=name, options=options, bindings=bound,
                              bind_function=args.bind_func,
-                             allow_unregistered=args.allow_unregistered_dialect)
+                             allow_unregistered=args.allow_unregistered_dialect,
+                             pass_pipeline=args.pass_pipeline)
     except BnfoldError as e:
         print(str(e), file=sys.stderr)
         return None

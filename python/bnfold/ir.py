@@ -205,12 +205,17 @@ def format_diagnostics(error: ir.MLIRError, name: str) -> str:
 _PASSES_REGISTERED = False
 
 
-def run_pipeline(module: ir.Module, pipeline: str) -> None:
-    """Runs a textual MLIR pass pipeline (upstream and StableHLO passes) on `module`."""
+def register_passes() -> None:
+    """Registers StableHLO's passes (once) so textual pipelines can name them."""
     global _PASSES_REGISTERED
     if not _PASSES_REGISTERED:
         stablehlo.register_stablehlo_passes()
         _PASSES_REGISTERED = True
+
+
+def run_pipeline(module: ir.Module, pipeline: str) -> None:
+    """Runs a textual MLIR pass pipeline (upstream and StableHLO passes) on `module`."""
+    register_passes()
     with module.context:
         passmanager.PassManager.parse(pipeline).run(module.operation)
 

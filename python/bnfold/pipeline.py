@@ -18,7 +18,7 @@ into the `Report` once at the end.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,8 +51,9 @@ class FoldOptions:
         into multiply + add (for back ends and the reference interpreter).
     """
 
-    disable: frozenset[str] = field(default_factory=frozenset)
-    skip_functions: frozenset[str] = field(default_factory=frozenset)
+    # Any collection of names, or one comma-separated string; stored as frozensets.
+    disable: Collection[str] = field(default_factory=frozenset)
+    skip_functions: Collection[str] = field(default_factory=frozenset)
     expand_batch_norm: bool = False
 
     def __post_init__(self) -> None:
@@ -95,13 +96,15 @@ class Folded:
 def fold_source(data: bytes | str | None = None, *, path: str | None = None,
                 name: str = "<input>", options: FoldOptions | None = None,
                 bindings: Bindings | None = None,
-                bind_function: str = "main", allow_unregistered: bool = False) -> Folded:
+                bind_function: str = "main", allow_unregistered: bool = False,
+                pass_pipeline: str | None = None) -> Folded:
     """The one pipeline: parse -> bind -> fold -> verify (-> report, write by the caller).
 
     Reads `data` (text, bytecode or a portable artifact) or the file at
     `path`, in a fresh context. `bindings` maps arguments of
     `bind_function` (by `argN`, name or index) to values, or is a function of
-    the parsed module returning that mapping. Used by `fold_text`, the CLI,
+    the parsed module returning that mapping. `pass_pipeline` (a textual
+    pipeline, see `bnfold.passes`) replaces the default fold. Used by `fold_text`, the CLI,
     the jax.export hook and the numerics harness. Raises `BnfoldError` for
     bad input.
     """
@@ -116,7 +119,12 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
         values = bindings(module) if callable(bindings) else bindings
         if values:
             bind_arguments(module, values, function=bind_function, source_name=name)
-        report = fold_module(module, options, source_name=name)
+        if pass_pipeline is None:
+            report = fold_module(module, options, source_name=name)
+        else:  # bnfold's passes and MLIR's, as the pipeline says
+            from bnfold.passes import run_pipeline
+
+            report = run_pipeline(module, pass_pipeline, source_name=name)
     return Folded(module, context, report)
 
 
