@@ -49,3 +49,11 @@ def test_pass_manager_example_runs():
     finally:
         os.chdir(cwd)
     assert len(namespace["fold"].report.folds) == 8
+
+
+def test_compiler_ir_recipe_runs():
+    section = README[README.index("### Recipes"):README.index("## Performance")]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    namespace: dict = {}
+    exec(compile(code, "README.md", "exec"), namespace)  # noqa: S102 - our own README
+    assert len(namespace["report"].folds) == 1
