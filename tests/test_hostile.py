@@ -124,3 +124,15 @@ def test_quantized_types_give_a_clean_error():
     text = (INPUTS / "quantized_conv.mlir").read_text()
     with pytest.raises(bnfold.BnfoldError, match=r"q\.mlir:1:\d+: error: .*quant"):
         bnfold.fold_text(text, source_name="q.mlir")
+
+
+@pytest.mark.parametrize("version, supported", [("0.8.3", False), ("0.9.0", True),
+                                                ("0.10.2", True), ("0.11.0", False)])
+def test_unsupported_jaxlib_fails_at_import_with_the_range(version, supported):
+    from bnfold import _jaxlib_version
+
+    if supported:
+        _jaxlib_version.check(version)
+        return
+    with pytest.raises(ImportError, match=r"supports jax/jaxlib 0\.9 to 0\.10.*pip install"):
+        _jaxlib_version.check(version)

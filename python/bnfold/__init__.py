@@ -10,9 +10,13 @@
 
 from __future__ import annotations
 
-from bnfold.errors import BnfoldError
-from bnfold.pipeline import Folded, FoldOptions, fold_module, fold_source, pattern_names
-from bnfold.report import Fold, Report, Skip
+from bnfold import _jaxlib_version
+
+_jaxlib_version.check_installed()  # before anything touches jaxlib.mlir
+
+from bnfold.errors import BnfoldError  # noqa: E402
+from bnfold.pipeline import Folded, FoldOptions, fold_module, fold_source, pattern_names  # noqa: E402
+from bnfold.report import Fold, Report, Skip  # noqa: E402
 
 __all__ = [
     "BnfoldError",

@@ -66,6 +66,20 @@ class Skip:
 
 @dataclass
 class Report:
+    """What one run of the pass did.
+
+    folds    every fold (`Fold`: producer and norm locations, form, direction,
+             channels, kernel rounding, kind, and in `params` the composed
+             scale/shift and the original statistics);
+    skipped  every normalization that did not fold (`Skip`), one per op,
+             with a reason that says what to do;
+    expanded batch_norm_inference ops rewritten by --expand-batch-norm;
+    inlined  private callees inlined (once per call site) to enable folds.
+
+    `summary()` is the CLI's one-line summary, `dumps()` the JSON report,
+    `table()` the text one, `save_params()` the statistics as .npz.
+    """
+
     folds: list[Fold] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
     expanded: int = 0
