@@ -231,6 +231,20 @@ def verify(case: Case, text: str) -> float:
     return float(np.max(np.abs(out - ref)) / scale)
 
 
+def randomize_flax_batch_norms(params: dict, stats: dict, st: Stats) -> list[tuple]:
+    """Random statistics and affine parameters for every Flax BatchNorm (flattened dicts).
+
+    Returns the BatchNorm module paths.
+    """
+    bn_paths = sorted({p[:-1] for p in stats})
+    for path in bn_paths:
+        stats[path + ("mean",)] = st.mean(stats[path + ("mean",)].shape)
+        stats[path + ("var",)] = st.var(stats[path + ("var",)].shape)
+        params[path + ("scale",)] = st.gamma(params[path + ("scale",)].shape)
+        params[path + ("bias",)] = st.beta(params[path + ("bias",)].shape)
+    return bn_paths
+
+
 def np_out(y) -> np.ndarray:
     return np.asarray(y, dtype=np.float32)
 
@@ -325,12 +339,7 @@ def flax_linen_cases() -> Iterator[Case]:
         variables = jax.tree_util.tree_map(np.asarray, variables)
         params = traverse_util.flatten_dict(variables["params"])
         stats = traverse_util.flatten_dict(variables["batch_stats"])
-        bn_paths = sorted({p[:-1] for p in stats})
-        for path in bn_paths:
-            stats[path + ("mean",)] = st.mean(stats[path + ("mean",)].shape)
-            stats[path + ("var",)] = st.var(stats[path + ("var",)].shape)
-            params[path + ("scale",)] = st.gamma(params[path + ("scale",)].shape)
-            params[path + ("bias",)] = st.beta(params[path + ("bias",)].shape)
+        bn_paths = randomize_flax_batch_norms(params, stats, st)
         producers = 0
         for path in list(params):
             if path[-1] == "kernel":
@@ -1206,12 +1215,7 @@ def deployment_cases() -> Iterator[Case]:
         variables = module.init(jax.random.PRNGKey(zlib.crc32(name.encode()) & 0xFFFF), x)
         params = traverse_util.flatten_dict(jax.tree_util.tree_map(np.asarray, variables["params"]))
         stats = traverse_util.flatten_dict(jax.tree_util.tree_map(np.asarray, variables["batch_stats"]))
-        bn_paths = sorted({p[:-1] for p in stats})
-        for path in bn_paths:
-            stats[path + ("mean",)] = st.mean(stats[path + ("mean",)].shape)
-            stats[path + ("var",)] = st.var(stats[path + ("var",)].shape)
-            params[path + ("scale",)] = st.gamma(params[path + ("scale",)].shape)
-            params[path + ("bias",)] = st.beta(params[path + ("bias",)].shape)
+        bn_paths = randomize_flax_batch_norms(params, stats, st)
         variables = jax.tree_util.tree_map(jnp.asarray, {
             "params": traverse_util.unflatten_dict(params),
             "batch_stats": traverse_util.unflatten_dict(stats)})
