@@ -101,3 +101,45 @@ func.func private @conv(%a: tensor<1x3x3x2xf32>, %w: tensor<1x1x2x2xf32>) -> ten
   %c = stablehlo.convolution(%a, %w) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x3x3x2xf32>
   return %c : tensor<1x3x3x2xf32>
 }
+
+// -----
+
+// One branch computes something else: the case result is not a producer's in
+// every branch, so nothing folds and the normalization gets a reason.
+// CHECK-LABEL: @platform_case_mixed_branches
+// CHECK:         "stablehlo.case"
+// CHECK:         stablehlo.multiply
+// CHECK:         stablehlo.add
+func.func @platform_case_mixed_branches(%i: tensor<i32>, %x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32> {
+  %k = stablehlo.constant dense<[[[[1.0, 2.0], [3.0, 4.0]]]]> : tensor<1x1x2x2xf32>
+  %conv = "stablehlo.case"(%i) ({
+    %c = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x3x3x2xf32>
+    stablehlo.return %c : tensor<1x3x3x2xf32>
+  }, {
+    stablehlo.return %x : tensor<1x3x3x2xf32>
+  }) : (tensor<i32>) -> tensor<1x3x3x2xf32>
+  %s = stablehlo.constant dense<[[[[0.5, 6.0]]]]> : tensor<1x1x1x2xf32>
+  %s_b = stablehlo.broadcast_in_dim %s, dims = [0, 1, 2, 3] : (tensor<1x1x1x2xf32>) -> tensor<1x3x3x2xf32>
+  %t = stablehlo.constant dense<[[[[-0.5, 23.0]]]]> : tensor<1x1x1x2xf32>
+  %t_b = stablehlo.broadcast_in_dim %t, dims = [0, 1, 2, 3] : (tensor<1x1x1x2xf32>) -> tensor<1x3x3x2xf32>
+  %m = stablehlo.multiply %conv, %s_b : tensor<1x3x3x2xf32>
+  %y = stablehlo.add %m, %t_b : tensor<1x3x3x2xf32>
+  return %y : tensor<1x3x3x2xf32>
+}
+
+// -----
+
+// A dot_general with the weight on the left and a symbolic free dimension on
+// the right: the scale varies along the weight's (static) rows and folds into it.
+// CHECK-LABEL: @symbolic_free_dimension
+// CHECK-NEXT:    %[[W:.+]] = stablehlo.constant dense<{{\[\[}}5.000000e-01, 1.000000e+00, 1.500000e+00, 2.000000e+00], [3.000000e+01, 3.600000e+01, 4.200000e+01, 4.800000e+01]]>
+// CHECK-NEXT:    %[[Y:.+]] = stablehlo.dot_general %[[W]], %{{.+}}, contracting_dims = [1] x [0]
+// CHECK-NEXT:    return %[[Y]]
+func.func @symbolic_free_dimension(%x: tensor<4x?xf32>, %n: tensor<2xi32>) -> tensor<2x?xf32> {
+  %w = stablehlo.constant dense<[[1.0, 2.0, 3.0, 4.0], [5.0, 6.0, 7.0, 8.0]]> : tensor<2x4xf32>
+  %y = stablehlo.dot_general %w, %x, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x?xf32>) -> tensor<2x?xf32>
+  %s = stablehlo.constant dense<[[0.5, 6.0]]> : tensor<1x2xf32>
+  %s_b = stablehlo.dynamic_broadcast_in_dim %s, %n, dims = [1, 0] : (tensor<1x2xf32>, tensor<2xi32>) -> tensor<2x?xf32>
+  %m = stablehlo.multiply %y, %s_b : tensor<2x?xf32>
+  return %m : tensor<2x?xf32>
+}
