@@ -25,16 +25,44 @@ func.func @forward_scale_and_shift_without_padding(%x: tensor<1x3x3x2xf32>) -> t
 
 // -----
 
-// Zero padding would see the shift where the original saw zeros: no fold.
+// Zero padding would see the shift where the original saw zeros: the scale
+// [2, 4] still folds into the kernel's input axis, and the shift over the
+// scale, t / s = [0.5, 0.75], stays as one add before the convolution
+// (x * s + t == (x + t / s) * s; the padding sees zeros either way).
 
-// CHECK-LABEL: @forward_shift_through_padding_is_not_folded
+// CHECK-LABEL: @forward_shift_through_padding_stays_before_the_conv
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf32>)
+// CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.000000e+00, 1.000000e+00], [2.000000e+00, 2.000000e+00]]]]>
+// CHECK-NEXT:    %[[U:.+]] = stablehlo.constant dense<[5.000000e-01, 7.500000e-01]>
+// CHECK-NEXT:    %[[UB:.+]] = stablehlo.broadcast_in_dim %[[U]], dims = [3]
+// CHECK-NEXT:    %[[A:.+]] = stablehlo.add %[[X]], %[[UB]]
+// CHECK-NEXT:    %[[C:.+]] = stablehlo.convolution(%[[A]], %[[K]])
+// CHECK-SAME:      pad = {{\[\[}}1, 1], [1, 1]]
+// CHECK-NEXT:    return %[[C]]
+// CHECK-NOT:     stablehlo.multiply
+func.func @forward_shift_through_padding_stays_before_the_conv(%x: tensor<1x3x3x2xf32>) -> tensor<1x5x5x2xf32> {
+  %k = stablehlo.constant dense<0.5> : tensor<1x1x2x2xf32>
+  %s = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %t = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %tb = stablehlo.broadcast_in_dim %t, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %m = stablehlo.multiply %x, %sb : tensor<1x3x3x2xf32>
+  %a = stablehlo.add %m, %tb : tensor<1x3x3x2xf32>
+  %c = stablehlo.convolution(%a, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x5x5x2xf32>
+  return %c : tensor<1x5x5x2xf32>
+}
+
+// -----
+
+// A zero in the scale: t / s does not exist, so neither part folds.
+
+// CHECK-LABEL: @forward_shift_through_padding_with_a_zero_scale_is_not_folded
 // CHECK:         %[[M:.+]] = stablehlo.multiply
 // CHECK:         %[[A:.+]] = stablehlo.add %[[M]]
 // CHECK:         stablehlo.convolution(%[[A]],
-// CHECK-SAME:      pad = {{\[\[}}1, 1], [1, 1]]
-func.func @forward_shift_through_padding_is_not_folded(%x: tensor<1x3x3x2xf32>) -> tensor<1x5x5x2xf32> {
+func.func @forward_shift_through_padding_with_a_zero_scale_is_not_folded(%x: tensor<1x3x3x2xf32>) -> tensor<1x5x5x2xf32> {
   %k = stablehlo.constant dense<0.5> : tensor<1x1x2x2xf32>
-  %s = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %s = stablehlo.constant dense<[2.0, 0.0]> : tensor<2xf32>
   %t = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
   %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
   %tb = stablehlo.broadcast_in_dim %t, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>

@@ -674,8 +674,10 @@ def expect_backward(acts: list[Act], multi: set[int], producer_multiuse: bool) -
     return 0, any(a.name in SCALING for a in prefix) or any(a.name == "bn" for a in acts), False
 
 
-def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot) -> tuple[int | None, bool]:
-    """(folds or None when the model does not predict, reason expected if no fold)."""
+def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot
+                   ) -> tuple[int | None, bool, bool]:
+    """(folds or None when the model does not predict, reason expected if no fold,
+    whole chain folded)."""
     steps: list[Act] = []
     for i in range(len(acts) - 1, -1, -1):
         if i in multi or acts[i].kind == "nonstep":
@@ -686,21 +688,23 @@ def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot) -> tu
         steps = steps[1:]
     bn_left = any(a.name == "bn" for a in acts)
     if not steps:
-        return 0, bn_left
+        return 0, bn_left, False
     scaling = any(a.name in SCALING for a in steps)
     if isinstance(producer, Dot) and producer.n_contracting() != 1:
-        return None, False  # two contracting dims: not handled forward (a missed fold at most)
+        return None, False, False  # two contracting dims: not handled forward (a missed fold at most)
     if any(a.kind == "bad" for a in steps):
-        return 0, scaling or bn_left
+        return 0, scaling or bn_left, False
     if not _normalizes(steps):
-        return 0, bn_left
+        return 0, bn_left, False
     shift = any(a.additive_shift for a in steps)
     if shift:
+        # The shift cannot fold: the scale still does, and t / s stays as one add
+        # before the producer (the folded chain is not whole).
         if isinstance(producer, Conv) and (producer.has_positive_pad() or producer.has_lhs_dilation()):
-            return 0, scaling or bn_left
+            return 1, False, False
         if isinstance(producer, Dot) and (producer.weight_has_batch() or producer.weight_free() != 1):
-            return 0, scaling or bn_left
-    return 1, False
+            return 1, False, False
+    return 1, False, True
 
 
 def render(case: Case, dtype: str | None = None) -> Rendered:
@@ -791,15 +795,15 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
     folds_b, reason_b, whole_b = expect_backward(post_acts, multi_post, variant == "producer_multiuse"
                                                  and not active_pre)
     if case.pre is not None:
-        folds_f, reason_f = expect_forward(pre_acts, multi_pre, p)
+        folds_f, reason_f, whole_f = expect_forward(pre_acts, multi_pre, p)
     else:
-        folds_f, reason_f = 0, False
+        folds_f, reason_f, whole_f = 0, False, True
     if first is not None:
         # Backward (into the first convolution) has priority; forward only when that is
         # impossible because the first convolution's result has another user.
         fb, rb, _ = expect_backward(pre_acts, multi_pre, variant == "producer_multiuse")
         if fb or variant != "producer_multiuse":
-            folds_f, reason_f = fb, rb
+            folds_f, reason_f, whole_f = fb, rb, True
     if folds_f is None:
         folds = None
     else:
@@ -807,7 +811,7 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
     has_post_norm = any(a.name not in LAYOUT for a in post_acts[1 if case.bias else 0:])
     has_pre_norm = any(a.name not in LAYOUT for a in pre_acts)
     full = ((not has_post_norm or (folds_b == 1 and whole_b)) and
-            (not has_pre_norm or folds_f == 1) and folds is not None and folds > 0 and
+            (not has_pre_norm or (folds_f == 1 and whole_f)) and folds is not None and folds > 0 and
             (variant == "none" or (first is not None and variant == "producer_multiuse")))
     reason = (folds_b == 0 and reason_b) or (folds_f == 0 and reason_f)
     unchanged = None if folds is None else folds == 0

@@ -34,7 +34,7 @@ CASES = {
     # name: (function, input, expected folds, expected direction or None)
     "valid_padding_scale_and_shift": (lambda v: _conv(v * S4 + T4, K, "VALID"), X, 1),
     "same_padding_scale_only": (lambda v: _conv(v * S4, K, "SAME"), X, 1),
-    "same_padding_shift_refused": (lambda v: _conv(v * S4 + T4, K, "SAME"), X, 0),
+    "same_padding_shift_kept": (lambda v: _conv(v * S4 + T4, K, "SAME"), X, 1),
     "grouped_valid": (lambda v: _conv(v * S4 + T4, KG, "VALID", 2), X, 1),
     "grouped_same_scale_only": (lambda v: _conv(v * S4, KG, "SAME", 2), X, 1),
     "bn_chain_valid": (lambda v: _conv(_bn_before(v), K, "VALID"), X, 1),
@@ -43,8 +43,8 @@ CASES = {
                     RNG.normal(size=(2, 3, 4)).astype(np.float32), 1),
     "transposed_scale_only": (lambda v: jax.lax.conv_transpose(
         v * S4, K, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), X, 1),
-    "transposed_shift_refused": (lambda v: jax.lax.conv_transpose(
-        v * S4 + T4, K, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")), X, 0),
+    "transposed_shift_kept": (lambda v: jax.lax.conv_transpose(
+        v * S4 + T4, K, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")), X, 1),
 }
 
 
@@ -57,6 +57,10 @@ def test_forward_fold_numerics(name):
     assert all(f.direction == "forward" for f in report.folds)
     if n_folds:
         assert "stablehlo.multiply" not in folded
+        if name.endswith("_shift_kept"):  # zero padding / lhs_dilation: the shift stays
+            note = report.folds[0].note
+            assert "the shift stays as one add before the convolution" in note, note
+            assert "zero padding" in note or "lhs_dilation" in note
     else:
         assert report.skipped and "forward:" in report.skipped[0].reason
         context, original = support.parse(text)

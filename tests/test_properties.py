@@ -781,11 +781,18 @@ def _forward_conv(window: str, out: tuple[int, int], zero_shift: bool = False) -
     ("pad = [[-1, 0], [1, -1]]", (2, 3)),  # mixed: one positive pad is enough to refuse
     ("lhs_dilate = [2, 2]", (7, 7)),
 ], ids=["same", "one_sided", "mixed_sign", "lhs_dilate"])
-def test_regression_forward_shift_through_padding_is_not_folded(window, out):
-    """AIMET / TFLite: the shift of a norm before a padded (or lhs-dilated) conv would be
-    added to the padding zeros too, so the module comes back unchanged, with a reason."""
+def test_regression_forward_shift_through_padding_is_kept_before_the_conv(window, out):
+    """AIMET / TFLite refuse this: the shift of a norm before a padded (or lhs-dilated) conv
+    would be added to the padding zeros too. bnfold folds the scale, x * s + t ==
+    (x + t / s) * s, and keeps t / s as one add before the conv, with a note why."""
     text = _forward_conv(window, out)
-    assert_unchanged_with_reason(text, "forward:")
+    folded, report = bnfold.fold_text(text)
+    (fold,) = report.folds
+    assert "shift stays as one add before the convolution" in fold.note, report.dumps()
+    assert "stablehlo.batch_norm_inference" not in folded and not report.skipped
+    check_numerics(text, folded, "f32", [(1, 5, 5, 3)], 0)
+    again, second = bnfold.fold_text(folded)
+    assert again == folded and not second.folds
 
 
 @pytest.mark.parametrize("window,out,zero_shift", [

@@ -237,6 +237,9 @@ class _Pass:
                                 [s.op for s in match.steps])
         if plan.merge_into is not None:
             self.ledger.consume(fold, [plan.merge_into])
+        if plan.kept_reason is not None:
+            fold.note = (f"scale folded; the shift stays as one add before the "
+                         f"{folded.name.removeprefix('stablehlo.')}: {plan.kept_reason}")
         return fold, folded
 
     def absorb(self, fold: Fold, producer: ir.Operation) -> None:

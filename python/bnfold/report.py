@@ -41,6 +41,7 @@ class Fold:
     # "normalization" (a batch norm, however spelled: a scale and a shift), or
     # "affine" (another per-channel step, e.g. a mean-pool's divide folded forward)
     kind: str = "normalization"
+    note: str = ""  # what stayed of the normalization, if anything (and why)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -49,7 +50,7 @@ class Fold:
             "direction": self.direction, "channels": self.channels, "ops": self.ops,
             "function": self.function, "kernel_rounding": self.kernel_rounding,
             "kind": self.kind,
-        }
+        } | ({"note": self.note} if self.note else {})
 
 
 @dataclass

@@ -61,6 +61,11 @@ class Plan:
     bias: np.ndarray | None
     out_axis: int
     merge_into: ir.Operation | None  # the producer's existing bias add, if any
+    # When the shift cannot fold (zero padding, lhs_dilation): the shift over the
+    # scale, t / s, kept as one add before the producer, and why.
+    kept_shift: np.ndarray | None = None
+    kept_reason: str | None = None
+    in_axis: int = 0  # the producer input's feature axis (where kept_shift varies)
 
 
 def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
@@ -130,7 +135,7 @@ def plan(m: Match, analysis: Analysis) -> Plan | str | None:
     if np.any(fit.shift != 0):
         shifted = _shift_bias(op, mapping, kernel, fit.shift)
         if isinstance(shifted, str):
-            return f"forward: {shifted}"
+            return _scale_only(m, fit, rewrite, shifted, axis_at_end, end_type)
         bias, out_axis = shifted
         existing = _existing_bias(op.results[0], out_axis, analysis)
         if existing is not None:
@@ -139,6 +144,19 @@ def plan(m: Match, analysis: Analysis) -> Plan | str | None:
         if out_dtype is not None and (problem := precision.check_bias(bias, out_dtype)):
             return f"forward: {problem}"
     return Plan(m, fit, rewrite, bias, out_axis, merge_into)
+
+
+def _scale_only(m: Match, fit: Affine, rewrite: KernelRewrite, reason: str, axis: int,
+                end_type: ir.RankedTensorType) -> Plan | str:
+    """Folds the scale only: x * s + t == (x + t / s) * s, and the zero padding
+    the producer adds sees zeros either way; t / s stays as one add before it."""
+    if np.any(fit.scale == 0):
+        return f"forward: {reason} (and a zero scale keeps the shift from staying alone)"
+    kept = fit.shift / fit.scale
+    dtype = elements.numpy_dtype(end_type.element_type)
+    if dtype is not None and (problem := precision.check_bias(kept, dtype)):
+        return f"forward: {reason}; {problem}"
+    return Plan(m, fit, rewrite, None, 0, None, kept, reason, axis)
 
 
 def _activation_operand(op: ir.Operation, analysis: Analysis) -> int | None:
@@ -242,6 +260,8 @@ def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
         kernel_value = p.kernel.build(op.location)
         with op.location:
             start = affine.replay_layout(steps[0].x, steps)
+        if p.kept_shift is not None:
+            start = bias_add(start, p.kept_shift, p.in_axis, norm.location)
         folded = op.clone(ip=ir.InsertionPoint(op)).operation
     folded.operands[p.kernel.operand] = kernel_value
     folded.operands[p.match.act_index] = start
