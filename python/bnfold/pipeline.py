@@ -1,10 +1,14 @@
 """The bnfold pass: candidates, pure matching and planning, apply, one ledger.
 
+    inline       private helpers whose producer the caller normalizes are
+                 inlined, one copy per call site          (patterns.inline_calls)
     candidates   producers and affine chains, found in one walk   (bnfold.chains)
-    backward     each chain after a producer: match -> plan -> apply
+    backward     each chain after a producer (or after a case/if whose
+                 branches all return producers): match -> plan -> apply
     forward      each producer after a chain: match -> plan -> apply
                  (backward runs first and wins; a forward fold's new bias is
-                 then merged with additive steps after it)
+                 then merged with additive steps after it; a shift that cannot
+                 pass zero padding stays as one add before the producer)
     expand       opt-in: remaining batch_norm_inference -> multiply + add
     explain      every chain that looks like a normalization and did not fold
                  gets one reason, from the attempts above or from its
