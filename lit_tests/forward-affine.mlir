@@ -131,3 +131,4 @@ func.func @forward_chain_with_second_user_is_not_folded(%x: tensor<4x2xf32>) -> 
   %d = stablehlo.dot_general %m, %w, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
   return %d, %m : tensor<4x3xf32>, tensor<4x2xf32>
 }
+

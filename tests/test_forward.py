@@ -35,6 +35,13 @@ CASES = {
     "valid_padding_scale_and_shift": (lambda v: _conv(v * S4 + T4, K, "VALID"), X, 1),
     "same_padding_scale_only": (lambda v: _conv(v * S4, K, "SAME"), X, 1),
     "same_padding_shift_kept": (lambda v: _conv(v * S4 + T4, K, "SAME"), X, 1),
+    # Keras Rescaling(1/127.5, offset=-1): a uniform t / s folds exactly via an explicit pad.
+    "same_padding_uniform_shift_padded": (lambda v: _conv(v * (1 / 127.5) - 1.0, K, "SAME"),
+                                          X * 100, 1),
+    "strided_asymmetric_uniform_shift_padded": (lambda v: jax.lax.conv_general_dilated(
+        v * S4 + 2.0 * S4, K, (2, 2), ((0, 1), (2, 1)), dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        X, 1),
+    "grouped_uniform_shift_padded": (lambda v: _conv(v * 0.5 + 0.25, KG, "SAME", 2), X, 1),
     "grouped_valid": (lambda v: _conv(v * S4 + T4, KG, "VALID", 2), X, 1),
     "grouped_same_scale_only": (lambda v: _conv(v * S4, KG, "SAME", 2), X, 1),
     "bn_chain_valid": (lambda v: _conv(_bn_before(v), K, "VALID"), X, 1),
@@ -52,11 +59,15 @@ CASES = {
 def test_forward_fold_numerics(name):
     fn, x, n_folds = CASES[name]
     text = jax.jit(fn).lower(x).as_text()
-    folded, report = support.fold(text)
+    folded, report = support.fold(text, pad_uniform_shift=name.endswith("_padded"))
     assert len(report.folds) == n_folds, report.to_json()
     assert all(f.direction == "forward" for f in report.folds)
     if n_folds:
         assert "stablehlo.multiply" not in folded
+        if name.endswith("_padded"):  # exact: an explicit pad, a VALID conv, one bias
+            assert "stablehlo.pad" in folded and not report.folds[0].note
+            body = folded[folded.index("@main"):]
+            assert body.count("stablehlo.add") == 1
         if name.endswith("_shift_kept"):  # zero padding / lhs_dilation: the shift stays
             note = report.folds[0].note
             assert "the shift stays as one add before the convolution" in note, note

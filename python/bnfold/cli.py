@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="rewrite every batch_norm_inference that did not fold into "
                              "multiply + add (for the reference interpreter and back ends "
                              "without a batch-norm op)")
+    parser.add_argument("--pad-uniform-shift", action="store_true",
+                        help="fold a uniform input shift (Keras Rescaling) exactly through a "
+                             "convolution's zero padding with an explicit stablehlo.pad "
+                             "(default: the shift stays as one add before the convolution, "
+                             "which XLA CPU runs faster)")
     parser.add_argument("--split-input-file", action="store_true",
                         help="treat '// -----' lines as separators of independent modules; a "
                              "bad chunk is reported with its line, the others are still "
@@ -155,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _options(args: argparse.Namespace) -> FoldOptions:
     try:
         return FoldOptions(disable=args.disable, skip_functions=frozenset(args.skip_func),
-                           expand_batch_norm=args.expand_batch_norm)
+                           expand_batch_norm=args.expand_batch_norm,
+                           pad_uniform_shift=args.pad_uniform_shift)
     except BnfoldError as e:
         raise BnfoldError(e.message, location="--disable") from None
 

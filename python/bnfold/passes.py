@@ -152,7 +152,7 @@ def _name_and_options(element: str) -> tuple[str, dict[str, str]]:
 
 
 def _fold_options(name: str, options: dict[str, str]) -> FoldOptions:
-    known = {"disable", "skip-func", "expand-batch-norm"}
+    known = {"disable", "skip-func", "expand-batch-norm", "pad-uniform-shift"}
     unknown = sorted(set(options) - known)
     if unknown:
         raise BnfoldError(f"{name} has no option {', '.join(unknown)}; its options: "
@@ -162,14 +162,17 @@ def _fold_options(name: str, options: dict[str, str]) -> FoldOptions:
 
         return FoldOptions(disable=set(pattern_names()) - {"expand-batch-norm"},
                            expand_batch_norm=True)
-    flag = options.get("expand-batch-norm", "false").lower()
-    if flag not in ("true", "false", "1", "0"):
-        raise BnfoldError(f"expand-batch-norm={flag} is not true or false",
-                          location="--pass-pipeline")
+    flags = {}
+    for key in ("expand-batch-norm", "pad-uniform-shift"):
+        flag = options.get(key, "false").lower()
+        if flag not in ("true", "false", "1", "0"):
+            raise BnfoldError(f"{key}={flag} is not true or false", location="--pass-pipeline")
+        flags[key] = flag in ("true", "1")
     try:
         return FoldOptions(disable=options.get("disable", ""),
                            skip_functions=options.get("skip-func", ""),
-                           expand_batch_norm=flag in ("true", "1"))
+                           expand_batch_norm=flags["expand-batch-norm"],
+                           pad_uniform_shift=flags["pad-uniform-shift"])
     except BnfoldError as e:
         raise BnfoldError(f"{name}: {e.message}", location="--pass-pipeline") from None
 

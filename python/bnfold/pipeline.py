@@ -53,12 +53,19 @@ class FoldOptions:
     skip_functions: function names (without "@") left untouched.
     expand_batch_norm: rewrite every batch_norm_inference that did not fold
         into multiply + add (for back ends and the reference interpreter).
+    pad_uniform_shift: fold a uniform shift (Keras Rescaling) exactly through a
+        convolution's zero padding by moving the padding into an explicit
+        `stablehlo.pad` (no elementwise op left before the convolution). Off by
+        default: XLA CPU runs that form 1.3-1.7x slower than the original stem,
+        while the default (the shift kept as one add before the convolution)
+        runs as fast as the original.
     """
 
     # Any collection of names, or one comma-separated string; stored as frozensets.
     disable: Collection[str] = field(default_factory=frozenset)
     skip_functions: Collection[str] = field(default_factory=frozenset)
     expand_batch_norm: bool = False
+    pad_uniform_shift: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "disable", _names(self.disable))
@@ -228,7 +235,8 @@ class _Pass:
         match = forward_affine.match(producer, self.analysis)
         if match is None or is_dead(producer):
             return None
-        plan = forward_affine.plan(match, self.analysis)
+        plan = forward_affine.plan(match, self.analysis,
+                                   pad_uniform_shift=self.options.pad_uniform_shift)
         if plan is None:
             return None
         if isinstance(plan, str):

@@ -31,6 +31,7 @@ uses; the old producer and the chain are left to the cleanup.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from bnfold import affine, elements, precision, producers
 from bnfold.affine import Affine, Analysis, Step
 from bnfold.constants import map_axis_through_reshape, per_channel
 from bnfold.graph import carry_attributes, defining_op, live_users, sole_live_user
-from bnfold.ir import ir
+from bnfold.ir import ir, stablehlo
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
 
 NAME = "forward-affine"
@@ -66,6 +67,9 @@ class Plan:
     kept_shift: np.ndarray | None = None
     kept_reason: str | None = None
     in_axis: int = 0  # the producer input's feature axis (where kept_shift varies)
+    # A uniform shift through zero padding: the padding moves into an explicit
+    # stablehlo.pad of the unshifted input with this value (-t/s), low, high.
+    pad: tuple[float, list[int], list[int]] | None = None
 
 
 def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
@@ -92,7 +96,7 @@ def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
     return Match(producer, act_index, tuple(steps))
 
 
-def plan(m: Match, analysis: Analysis) -> Plan | str | None:
+def plan(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False) -> Plan | str | None:
     """The fold of `m`, or why it cannot fold (None: nothing worth folding)."""
     op, steps = m.producer, list(m.steps)
     end_type = elements.tensor_type(steps[-1].result)
@@ -135,6 +139,10 @@ def plan(m: Match, analysis: Analysis) -> Plan | str | None:
     if np.any(fit.shift != 0):
         shifted = _shift_bias(op, mapping, kernel, fit.shift)
         if isinstance(shifted, str):
+            if pad_uniform_shift:
+                padded = _uniform_shift_through_padding(m, fit, rewrite, end_type, analysis)
+                if padded is not None:
+                    return padded
             return _scale_only(m, fit, rewrite, shifted, axis_at_end, end_type)
         bias, out_axis = shifted
         existing = _existing_bias(op.results[0], out_axis, analysis)
@@ -144,6 +152,56 @@ def plan(m: Match, analysis: Analysis) -> Plan | str | None:
         if out_dtype is not None and (problem := precision.check_bias(bias, out_dtype)):
             return f"forward: {problem}"
     return Plan(m, fit, rewrite, bias, out_axis, merge_into)
+
+
+def _uniform_shift_through_padding(m: Match, fit: Affine, rewrite: KernelRewrite,
+                                   end_type: ir.RankedTensorType, analysis: Analysis
+                                   ) -> Plan | None:
+    """The exact fold of a uniform shift (the same t/s on every channel, e.g. Keras
+    `Rescaling(1/127.5, offset=-1)`) through a convolution's zero padding.
+
+        conv(pad0(x * s + t), K) == conv(pad(x, value=-u), K * s) + u * sum(K * s),   u = t / s
+
+    since pad0(x + u) == pad(x, -u) + u everywhere. The padding moves into an
+    explicit `stablehlo.pad`; the convolution becomes VALID. None when it does
+    not apply (not a convolution, lhs_dilation, negative padding, a zero or a
+    per-channel scale-to-shift ratio)."""
+    op = m.producer
+    if op.name != "stablehlo.convolution" or np.any(fit.scale == 0):
+        return None
+    attrs = op.attributes
+    if "lhs_dilation" in attrs and any(d != 1 for d in ir.DenseI64ArrayAttr(attrs["lhs_dilation"])):
+        return None
+    padding = np.asarray(ir.DenseIntElementsAttr(attrs["padding"])) if "padding" in attrs else None
+    if padding is None or np.any(padding < 0):
+        return None
+    ratio = fit.shift / fit.scale
+    if not np.all(ratio == ratio[0]):
+        return None
+    dtype = elements.numpy_dtype(end_type.element_type)
+    assert dtype is not None
+    value = float(np.asarray(-ratio[0]).astype(dtype))  # the pad value, as the program holds it
+    if not np.isfinite(value):
+        return None
+    dims = producers.conv_dims(op)
+    low, high = [0] * end_type.rank, [0] * end_type.rank
+    for k, d in enumerate(dims.input_spatial_dimensions):
+        low[d], high[d] = int(padding[k][0]), int(padding[k][1])
+    kernel = rewrite.rounded.values.astype(rewrite.kernel.effective).astype(np.float64)
+    kernel = np.broadcast_to(kernel, rewrite.kernel.shape)
+    out_kernel = dims.kernel_output_feature_dimension
+    axes = tuple(d for d in range(kernel.ndim) if d != out_kernel)
+    bias = -value * np.sum(kernel, axis=axes)
+    out_axis = dims.output_feature_dimension
+    merge_into = None
+    existing = _existing_bias(op.results[0], out_axis, analysis)
+    if existing is not None:
+        merge_into, old = existing
+        bias = bias + old
+    out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
+    if out_dtype is not None and precision.check_bias(bias, out_dtype):
+        return None
+    return Plan(m, fit, rewrite, bias, out_axis, merge_into, pad=(value, low, high))
 
 
 def _scale_only(m: Match, fit: Affine, rewrite: KernelRewrite, reason: str, axis: int,
@@ -249,6 +307,16 @@ def _existing_bias(result: ir.Value, out_axis: int, analysis: Analysis
     return user, vector
 
 
+def _explicit_pad(value: ir.Value, pad_value: float, low: list[int], high: list[int],
+                  loc: ir.Location) -> ir.Value:
+    ty = ir.RankedTensorType(value.type)
+    with loc:
+        scalar = ir.RankedTensorType.get([], ty.element_type)
+        const = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
+            scalar, ir.FloatAttr.get(ty.element_type, pad_value)))
+        return stablehlo.PadOp(value, const.result, low, high, [0] * ty.rank).result
+
+
 def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
     """Builds the folded producer (and merged bias); redirects the root's uses.
 
@@ -262,7 +330,13 @@ def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
             start = affine.replay_layout(steps[0].x, steps)
         if p.kept_shift is not None:
             start = bias_add(start, p.kept_shift, p.in_axis, norm.location)
+        if p.pad is not None:
+            start = _explicit_pad(start, *p.pad, norm.location)
         folded = op.clone(ip=ir.InsertionPoint(op)).operation
+    if p.pad is not None:  # the padding now happens in the explicit pad
+        zeros = np.zeros(np.asarray(ir.DenseIntElementsAttr(op.attributes["padding"])).shape,
+                         dtype=np.int64)
+        folded.attributes["padding"] = ir.DenseIntElementsAttr.get(cast(Any, zeros))
     folded.operands[p.kernel.operand] = kernel_value
     folded.operands[p.match.act_index] = start
     root = p.merge_into or op
