@@ -674,7 +674,7 @@ def expect_backward(acts: list[Act], multi: set[int], producer_multiuse: bool) -
     return 0, any(a.name in SCALING for a in prefix) or any(a.name == "bn" for a in acts), False
 
 
-def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot
+def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot, dtype: str = "f32"
                    ) -> tuple[int | None, bool, bool]:
     """(folds or None when the model does not predict, reason expected if no fold,
     whole chain folded)."""
@@ -698,12 +698,14 @@ def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot
         return 0, bn_left, False
     shift = any(a.additive_shift for a in steps)
     if shift:
-        # The shift cannot fold: the scale still does, and t / s stays as one add
-        # before the producer (the folded chain is not whole).
+        # The shift cannot fold: in f32/f64 the scale still does, and t / s stays as
+        # one add before the producer (the folded chain is not whole); in f16/bf16
+        # nothing folds.
+        kept = (1, False, False) if dtype in ("f32", "f64") else (0, scaling or bn_left, False)
         if isinstance(producer, Conv) and (producer.has_positive_pad() or producer.has_lhs_dilation()):
-            return 1, False, False
+            return kept
         if isinstance(producer, Dot) and (producer.weight_has_batch() or producer.weight_free() != 1):
-            return 1, False, False
+            return kept
     return 1, False, True
 
 
@@ -795,7 +797,7 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
     folds_b, reason_b, whole_b = expect_backward(post_acts, multi_post, variant == "producer_multiuse"
                                                  and not active_pre)
     if case.pre is not None:
-        folds_f, reason_f, whole_f = expect_forward(pre_acts, multi_pre, p)
+        folds_f, reason_f, whole_f = expect_forward(pre_acts, multi_pre, p, case.dtype)
     else:
         folds_f, reason_f, whole_f = 0, False, True
     if first is not None:
