@@ -2,18 +2,19 @@
 // RUN: %bnfold-opt %s --pad-uniform-shift | %filecheck %s --check-prefix=PAD
 // RUN: %bnfold-opt %s --pass-pipeline='builtin.module(bnfold-fold{pad-uniform-shift=true})' | %filecheck %s --check-prefix=PAD
 
-// By default the shift stays as one add before the convolution (XLA CPU runs
-// that as fast as the original stem; the explicit pad below ran 1.3-1.7x
-// slower), with the scale folded.
+// By default a uniform shift folds like any other, with the exact border
+// correction: sum(K * t) = 1.5 where the 1x1 window reads real data, 0 on the
+// padded border.
 // CHECK-LABEL: @forward_uniform_shift_through_padding
 // CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf32>)
 // CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.000000e+00, 1.000000e+00], [2.000000e+00, 2.000000e+00]]]]>
-// CHECK-NEXT:    %[[U:.+]] = stablehlo.constant dense<5.000000e-01> : tensor<2xf32>
-// CHECK-NEXT:    %[[UB:.+]] = stablehlo.broadcast_in_dim %[[U]], dims = [3]
-// CHECK-NEXT:    %[[A:.+]] = stablehlo.add %[[X]], %[[UB]]
-// CHECK-NEXT:    stablehlo.convolution(%[[A]], %[[K]])
+// CHECK-NEXT:    %[[C:.+]] = stablehlo.convolution(%[[X]], %[[K]])
 // CHECK-SAME:      pad = {{\[\[}}1, 1], [1, 1]]
+// CHECK-NEXT:    %[[T:.+]] = stablehlo.constant dense<{{.*}}[1.500000e+00, 1.500000e+00]]]> : tensor<2x2x2xf32>
 // CHECK-NOT:     stablehlo.pad
+// CHECK:         %[[B:.+]] = stablehlo.broadcast_in_dim %{{.+}}, dims = [1, 2, 3]
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.add %[[C]], %[[B]]
+// CHECK-NEXT:    return %[[R]]
 
 // With --pad-uniform-shift:
 // A uniform shift over the scale (Keras Rescaling: s = [2, 4], t = [1, 2], so

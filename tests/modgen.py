@@ -697,15 +697,13 @@ def expect_forward(acts: list[Act], multi: set[int], producer: Conv | Dot, dtype
     if not _normalizes(steps):
         return 0, bn_left, False
     shift = any(a.additive_shift for a in steps)
-    if shift:
+    if shift and isinstance(producer, Dot) and (producer.weight_has_batch() or producer.weight_free() != 1):
         # The shift cannot fold: in f32/f64 the scale still does, and t / s stays as
         # one add before the producer (the folded chain is not whole); in f16/bf16
         # nothing folds.
-        kept = (1, False, False) if dtype in ("f32", "f64") else (0, scaling or bn_left, False)
-        if isinstance(producer, Conv) and (producer.has_positive_pad() or producer.has_lhs_dilation()):
-            return kept
-        if isinstance(producer, Dot) and (producer.weight_has_batch() or producer.weight_free() != 1):
-            return kept
+        return (1, False, False) if dtype in ("f32", "f64") else (0, scaling or bn_left, False)
+    # Through a convolution's zero padding or lhs_dilation the shift folds exactly
+    # as a border correction (the generated convolutions are far below its size bound).
     return 1, False, True
 
 

@@ -24,6 +24,7 @@ HEADERS = [
     "## Graph size",
     "## Real exports",
     "## Inference",
+    "## Folded stems",
 ]
 
 
@@ -40,7 +41,10 @@ def test_bench_tiny_runs_every_section(tmp_path: Path) -> None:
     assert data["fold"]["separable_text"]["wall"]["ratio"] > 0
     assert data["memory"]["rss_ratio"] > 0 and data["models_ratio"]["rows"]
     assert set(data["sections"]) == {"fold", "scaling", "memory", "graph", "models",
-                                     "inference"}
+                                     "inference", "stem"}
+    # The folded stems compute what the originals do (the fold is exact up to f32 rounding).
+    assert len(data["stem"]["rows"]) == 6
+    assert all(r["rel_err"] < 1e-5 for r in data["stem"]["rows"]), data["stem"]["rows"]
 
 
 def test_bench_help() -> None:

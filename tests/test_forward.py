@@ -17,6 +17,7 @@ S4 = RNG.uniform(0.5, 1.5, 4).astype(np.float32)
 T4 = RNG.normal(size=4).astype(np.float32)
 K = RNG.normal(size=(3, 3, 4, 6)).astype(np.float32)
 KG = RNG.normal(size=(3, 3, 2, 6)).astype(np.float32)
+KD = RNG.normal(size=(3, 3, 1, 8)).astype(np.float32)  # depthwise, multiplier 2
 W = RNG.normal(size=(4, 5)).astype(np.float32)
 X = RNG.normal(size=(2, 8, 8, 4)).astype(np.float32)
 
@@ -34,7 +35,28 @@ CASES = {
     # name: (function, input, expected folds, expected direction or None)
     "valid_padding_scale_and_shift": (lambda v: _conv(v * S4 + T4, K, "VALID"), X, 1),
     "same_padding_scale_only": (lambda v: _conv(v * S4, K, "SAME"), X, 1),
-    "same_padding_shift_kept": (lambda v: _conv(v * S4 + T4, K, "SAME"), X, 1),
+    # A per-channel shift through zero padding: an exact border correction.
+    "same_padding_shift_corrected": (lambda v: _conv(v * S4 + T4, K, "SAME"), X, 1),
+    "strided_dilated_asymmetric_shift_corrected": (lambda v: jax.lax.conv_general_dilated(
+        v * S4 + T4, K, (2, 3), ((0, 2), (3, 1)), rhs_dilation=(2, 1),
+        dimension_numbers=("NHWC", "HWIO", "NHWC")), X, 1),
+    "negative_and_positive_padding_shift_corrected": (lambda v: jax.lax.conv_general_dilated(
+        v * S4 + T4, K, (1, 1), ((-1, 2), (1, -2)), dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        X, 1),
+    "depthwise_shift_corrected": (lambda v: _conv(v * S4 + T4, KD, "SAME", 4), X, 1),
+    "nchw_shift_corrected": (lambda v: jax.lax.conv_general_dilated(
+        (v * S4 + T4).transpose(0, 3, 1, 2), K, (2, 2), "SAME",
+        dimension_numbers=("NCHW", "HWIO", "NCHW")), X, 1),
+    # Keras ZeroPadding2D then Conv2D(padding="valid"): the pad becomes the conv's padding.
+    "explicit_pad_valid_shift_corrected": (lambda v: _conv(jnp.pad(
+        v * S4 + T4, ((0, 0), (0, 1), (0, 1), (0, 0))), K, "VALID"), X, 1),
+    "explicit_pad_valid_scale_only": (lambda v: _conv(jnp.pad(
+        v * S4, ((0, 0), (1, 1), (1, 1), (0, 0))), K, "VALID"), X, 1),
+    # Too large a correction (a transposed convolution's is periodic over the whole
+    # output): the scale folds and t / s stays as one add before the convolution.
+    "transposed_large_shift_kept": (lambda v: jax.lax.conv_transpose(
+        v * S4 + T4, K, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")),
+        RNG.normal(size=(1, 40, 40, 4)).astype(np.float32), 1),
     # Keras Rescaling(1/127.5, offset=-1): a uniform t / s folds exactly via an explicit pad.
     "same_padding_uniform_shift_padded": (lambda v: _conv(v * (1 / 127.5) - 1.0, K, "SAME"),
                                           X * 100, 1),
@@ -50,7 +72,7 @@ CASES = {
                     RNG.normal(size=(2, 3, 4)).astype(np.float32), 1),
     "transposed_scale_only": (lambda v: jax.lax.conv_transpose(
         v * S4, K, (2, 2), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC")), X, 1),
-    "transposed_shift_kept": (lambda v: jax.lax.conv_transpose(
+    "transposed_shift_corrected": (lambda v: jax.lax.conv_transpose(
         v * S4 + T4, K, (2, 2), "VALID", dimension_numbers=("NHWC", "HWIO", "NHWC")), X, 1),
 }
 
@@ -68,10 +90,15 @@ def test_forward_fold_numerics(name):
             assert "stablehlo.pad" in folded and not report.folds[0].note
             body = folded[folded.index("@main"):]
             assert body.count("stablehlo.add") == 1
-        if name.endswith("_shift_kept"):  # zero padding / lhs_dilation: the shift stays
+        if name.endswith("_shift_kept"):  # the correction would be too large: the shift stays
             note = report.folds[0].note
             assert "the shift stays as one add before the convolution" in note, note
-            assert "zero padding" in note or "lhs_dilation" in note
+            assert "border correction" in note and "constants" in note, note
+        if name.endswith("_corrected"):  # exact: the whole chain folded, plus a correction
+            assert "border correction" in report.folds[0].note, report.folds[0].note
+            assert "stablehlo.pad" not in folded
+            body = folded[folded.index("@main"):]
+            assert body.count("stablehlo.add") == 1
     else:
         assert report.skipped and "forward:" in report.skipped[0].reason
         context, original = support.parse(text)

@@ -16,8 +16,8 @@ Sections (select with --only):
              a baseline process that imports jaxlib, builds the same context
              (bnfold.ir.make_context, loaded without bnfold's package __init__, so
              importing the pass is bnfold's cost) and parses + prints / reads +
-             writes bytecode with no folding. Targets: text <= 1.15x, bytecode
-             <= 1.25x.
+             writes bytecode with no folding. Targets: text <= 1.10x, bytecode
+             <= 1.20x (the 300-layer separable stack: text <= 1.15x).
   scaling    in-process `bnfold.fold_module` time per folded layer (parse and
              print excluded) on stacks of N conv+BN layers, N interleaved, small
              stacks folded several times per sample (fresh parse each time) so
@@ -33,6 +33,12 @@ Sections (select with --only):
              default flags and once with XLA_FLAGS=--xla_cpu_experimental_ynn_
              fusion_type= (each flag setting in its own child process, because
              XLA reads XLA_FLAGS once). No target.
+  stem       XLA CPU execution time of image-model stems whose input normalization
+             folds forward through zero padding (torchvision (x - mean) / std
+             before a 7x7/2 conv; Keras Rescaling(1/127.5, -1) before a 3x3/2
+             SAME conv), batch 1 and 8: the original against the default fold
+             (exact border correction) and, for the uniform shift, the explicit-pad
+             form of --pad-uniform-shift. No target.
 
 Models (ResNets are backbones: stem, bottleneck or basic blocks with projection
 shortcuts, global average pool, no classifier) are generated with plain jax (conv_general_dilated + Flax-style
@@ -72,7 +78,7 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("fold", "scaling", "memory", "graph", "models", "inference")
+SECTIONS = ("fold", "scaling", "memory", "graph", "models", "inference", "stem")
 GENERATOR_VERSION = 1  # bump when the generated modules change
 
 TARGETS = {
@@ -100,6 +106,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "stack": {"kind": "stack", "hw": 8, "channels": 16},
         "separable": {"kind": "separable", "hw": 14, "channels": 48, "blocks": 150},
         "batches": [1, 8],
+        "stem_hw": 224,
     },
     "tiny": {
         "resnet50": {"kind": "resnet", "block": "bottleneck", "hw": 32, "stem": 8,
@@ -110,6 +117,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "stack": {"kind": "stack", "hw": 8, "channels": 16},
         "separable": {"kind": "separable", "hw": 8, "channels": 8, "blocks": 3},
         "batches": [1, 8],
+        "stem_hw": 32,
         "models_limit": 2,
     },
 }
@@ -672,60 +680,141 @@ def child_graph(payload: dict[str, Any]) -> dict[str, Any]:
     return {"rows": rows}
 
 
+class _Executables:
+    """Modules compiled once on XLA CPU (the compile-once / execute pattern of
+    bnfold.ir.xla_cpu_run, with the executables kept so only execution is
+    timed), run interleaved on one input."""
+
+    def __init__(self, modules: dict[str, str], x: Any) -> None:
+        import jax
+        import jax.extend
+        from jax._src.lib import xla_client as xc
+
+        backend = jax.extend.backend.get_backend("cpu")
+        device = backend.devices()[0]
+        self.exes: dict[str, Any] = {}
+        self.compile_s: dict[str, float] = {}
+        for label, module in modules.items():
+            start = time.perf_counter()
+            self.exes[label] = backend.compile_and_load(module, xc.DeviceList((device,)),
+                                                        xc.CompileOptions())
+            self.compile_s[label] = time.perf_counter() - start
+        self.x = jax.device_put(x, device)
+
+    def run(self, label: str) -> Any:
+        import jax
+
+        outs = self.exes[label].execute_sharded([self.x]).disassemble_into_single_device_arrays()
+        return jax.block_until_ready([o[0] for o in outs])[0]
+
+    def rel_err(self, label: str, reference: str) -> float:
+        import numpy as np
+
+        ref = np.asarray(self.run(reference), np.float64)
+        got = np.asarray(self.run(label), np.float64)
+        return float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30))
+
+    def time(self, repeat: int) -> tuple[dict[str, list[float]], int]:
+        """Per-label samples (seconds per run), and the inner loop length."""
+        start = time.perf_counter()
+        for _ in range(2):  # warm-up, and an inner loop long enough (~0.3 s) for a stable sample
+            for label in self.exes:
+                self.run(label)
+        one = (time.perf_counter() - start) / (2 * len(self.exes))
+        inner = max(1, min(100, math.ceil(0.3 / max(one, 1e-6))))
+        samples: dict[str, list[float]] = {label: [] for label in self.exes}
+        for _ in range(repeat):
+            for label in self.exes:
+                start = time.perf_counter()
+                for _ in range(inner):
+                    self.run(label)
+                samples[label].append((time.perf_counter() - start) / inner)
+        return samples, inner
+
+
 def child_inference(payload: dict[str, Any]) -> dict[str, Any]:
-    # The compile-once / execute pattern of bnfold.ir.xla_cpu_run, with the
-    # executable kept so only execution is timed.
-    import jax
-    import jax.extend
     import numpy as np
-    from jax._src.lib import xla_client as xc
 
     import bnfold
 
-    backend = jax.extend.backend.get_backend("cpu")
-    device = backend.devices()[0]
     rows = []
     for batch, path, shape in payload["models"]:
         text = Path(path).read_text()
         folded, report = bnfold.fold_text(text)
-        exes = {}
-        compile_s = {}
-        for label, module in (("unfolded", text), ("folded", folded)):
-            start = time.perf_counter()
-            exes[label] = backend.compile_and_load(module, xc.DeviceList((device,)),
-                                                   xc.CompileOptions())
-            compile_s[label] = time.perf_counter() - start
-        x = jax.device_put(np.random.default_rng(0).standard_normal(shape).astype(np.float32),
-                           device)
-
-        def run(exe: Any, x: Any = x) -> list[Any]:
-            outs = exe.execute_sharded([x]).disassemble_into_single_device_arrays()
-            return jax.block_until_ready([o[0] for o in outs])
-
-        ref = np.asarray(run(exes["unfolded"])[0], np.float64)
-        got = np.asarray(run(exes["folded"])[0], np.float64)
-        rel_err = float(np.max(np.abs(got - ref)) / max(np.max(np.abs(ref)), 1e-30))
-        # Warm-up, and an inner loop long enough (~0.3 s) for a stable sample.
-        start = time.perf_counter()
-        for _ in range(2):
-            run(exes["unfolded"])
-            run(exes["folded"])
-        one = (time.perf_counter() - start) / 4
-        inner = max(1, min(100, math.ceil(0.3 / max(one, 1e-6))))
-        samples: dict[str, list[float]] = {"unfolded": [], "folded": []}
-        for _ in range(payload["repeat"]):
-            for label in ("unfolded", "folded"):
-                start = time.perf_counter()
-                for _ in range(inner):
-                    run(exes[label])
-                samples[label].append((time.perf_counter() - start) / inner)
+        x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+        exes = _Executables({"unfolded": text, "folded": folded}, x)
+        rel_err = exes.rel_err("folded", "unfolded")
+        samples, inner = exes.time(payload["repeat"])
         stats = paired(samples["unfolded"], samples["folded"])
         rows.append({"batch": batch, "folds": len(report.folds), "inner": inner,
-                     "rel_err": rel_err, "compile_s": compile_s, **stats})
+                     "rel_err": rel_err, "compile_s": exes.compile_s, **stats})
     return {"rows": rows, "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
-CHILDREN = {"generate": child_generate, "scaling": child_scaling, "graph": child_graph, "inference": child_inference}
+def _stems() -> dict[str, tuple[Any, Any, bool]]:
+    """name: (jax function of an NHWC image, kernel, whether the shift is uniform)."""
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    mean = np.array([0.485, 0.456, 0.406], np.float32) * 255
+    std = np.array([0.229, 0.224, 0.225], np.float32) * 255
+    k7 = rng.normal(0, 0.1, (7, 7, 3, 64)).astype(np.float32)
+    k3 = rng.normal(0, 0.1, (3, 3, 3, 16)).astype(np.float32)
+
+    def conv(v: Any, k: Any, pad: Any) -> Any:
+        return jax.lax.conv_general_dilated(v, k, (2, 2), pad,
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    return {
+        "torchvision 7x7/2 (x - mean) / std": (
+            lambda v: conv((v - mean) / std, k7, ((3, 3), (3, 3))), k7, False),
+        "keras 3x3/2 SAME Rescaling(1/127.5, -1)": (
+            lambda v: conv(v * (1 / 127.5) - 1.0, k3, "SAME"), k3, True),
+    }
+
+
+def child_stem(payload: dict[str, Any]) -> dict[str, Any]:
+    import jax
+    import numpy as np
+
+    import bnfold
+
+    rows = []
+    for name, (fn, _, uniform) in _stems().items():
+        for batch in payload["batches"]:
+            hw = payload["hw"]
+            x = np.random.default_rng(1).uniform(0, 255, (batch, hw, hw, 3)).astype(np.float32)
+            text = jax.jit(fn).lower(x).as_text()
+            modules = {"original": text}
+            folded, report = bnfold.fold_text(text)
+            if len(report.folds) != 1 or report.folds[0].note is None or \
+                    "border correction" not in report.folds[0].note:
+                raise RuntimeError(f"{name}: expected one fold with a border correction, got "
+                                   f"{report.to_json()}")
+            modules["border correction"] = folded
+            if uniform:
+                padded, _ = bnfold.fold_text(text, options=bnfold.FoldOptions(pad_uniform_shift=True))
+                modules["explicit pad"] = padded
+            exes = _Executables(modules, x)
+            samples, inner = exes.time(payload["repeat"])
+            for label in modules:
+                if label == "original":
+                    continue
+                rows.append({"stem": name, "batch": batch, "form": label, "inner": inner,
+                             "rel_err": exes.rel_err(label, "original"),
+                             **paired(samples["original"], samples[label])})
+    return {"rows": rows, "hw": payload["hw"]}
+
+
+def section_stem(runner: Runner, size: str) -> dict[str, Any]:
+    log(f"stem: compile once, {runner.repeat} interleaved rounds per stem and batch")
+    return runner.child("stem", {"repeat": runner.repeat, "batches": SIZES[size]["batches"],
+                                 "hw": SIZES[size]["stem_hw"]})
+
+
+CHILDREN = {"generate": child_generate, "scaling": child_scaling, "graph": child_graph,
+            "inference": child_inference, "stem": child_stem}
 
 
 # --- report ----------------------------------------------------------------------
@@ -899,6 +988,19 @@ def render(data: dict[str, Any]) -> str:
         lines += ["", "No target. Each flag setting runs in its own process; each sample "
                   "averages an inner loop of ≥ 0.3 s; max rel. diff compares the "
                   "folded output with the unfolded one."]
+    if "stem" in data:
+        lines += ["", f"## Folded stems (XLA CPU, {data['stem']['hw']}x{data['stem']['hw']} input, "
+                  "compiled once, execution only)",
+                  "", "| stem | batch | form | original | folded | folded/original [range] | "
+                  "max rel. diff |", "|---|---|---|---|---|---|---|"]
+        for r in data["stem"]["rows"]:
+            lines.append(f"| {r['stem']} | {r['batch']} | {r['form']} | "
+                         f"{_t(r['baseline_median'])} | {_t(r['candidate_median'])} | "
+                         f"{r['ratio']:.3f}x [{r['ratio_min']:.2f}–{r['ratio_max']:.2f}] | "
+                         f"{r['rel_err']:.1e} |")
+        lines += ["", "No target. The input normalization folds into the convolution; "
+                  "\"border correction\" is the default exact form, \"explicit pad\" the "
+                  "`--pad-uniform-shift` form."]
     return "\n".join(lines) + "\n"
 
 
@@ -973,6 +1075,8 @@ def main(argv: list[str] | None = None) -> int:
                 data["models_ratio"] = section_models(runner, args.size)
             elif section == "inference":
                 data["inference"] = section_inference(runner, models, args.size)
+            elif section == "stem":
+                data["stem"] = section_stem(runner, args.size)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     data["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

@@ -104,9 +104,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "multiply + add (for the reference interpreter and back ends "
                              "without a batch-norm op)")
     parser.add_argument("--pad-uniform-shift", action="store_true",
-                        help="fold a uniform input shift (Keras Rescaling) exactly through a "
+                        help="fold a uniform input shift (Keras Rescaling) through a "
                              "convolution's zero padding with an explicit stablehlo.pad "
-                             "(default: the shift stays as one add before the convolution, "
+                             "(default: an exact border correction added to the output, "
                              "which XLA CPU runs faster)")
     parser.add_argument("--split-input-file", action="store_true",
                         help="treat '// -----' lines as separators of independent modules; a "

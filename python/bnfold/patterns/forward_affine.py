@@ -17,9 +17,22 @@ After:
     %r = stablehlo.add %y2, %bb
 
 The scale always folds (zero padding and lhs dilation insert zeros, and
-0 * s = 0). The shift folds only when every window position sees real data:
-no positive padding and no lhs_dilation. Otherwise a chain with a non-zero
-shift is left alone (recorded in the report), as AIMET and TFLite do. For a
+0 * s = 0). The shift becomes a per-feature bias when every window position
+sees real data. Through zero padding or lhs_dilation its contribution varies
+near the borders; it folds exactly as a constant correction of the output
+(see `bnfold.border`), built from a table no larger than the kernel plus a
+margin. An explicit zero `stablehlo.pad` right before the convolution (Keras
+`ZeroPadding2D` before a VALID `Conv2D`) becomes the convolution's padding:
+
+    %a = stablehlo.add %n, %shift_b
+    %p = stablehlo.pad %a, %zero, low = [0, 0, 1, 1], high = [0, 0, 1, 1], interior = [0, 0, 0, 0]
+    %y = stablehlo.convolution(%p, %k) ... window = {pad = [[0, 0], [0, 0]]}
+  ->
+    %y2 = stablehlo.convolution(%x, %k2) ... window = {pad = [[1, 1], [1, 1]]}
+    %r = stablehlo.add %y2, %correction
+
+When the correction is refused (too large, dynamic spatial size) the scale
+still folds and `t / s` stays as one add before the producer. For a
 dot_general the shift becomes a bias only when the constant operand has one
 free dimension and no batching dimensions.
 
@@ -35,16 +48,16 @@ from typing import Any, cast
 
 import numpy as np
 
-from bnfold import affine, elements, precision, producers
+from bnfold import affine, border, elements, precision, producers
 from bnfold.affine import Affine, Analysis, Step
 from bnfold.constants import map_axis_through_reshape, per_channel
 from bnfold.graph import carry_attributes, defining_op, live_users, sole_live_user
 from bnfold.ir import ir, stablehlo
-from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
+from bnfold.patterns.rewrite import KernelRewrite, bias_add, constant_add, plan_kernel
 
 NAME = "forward-affine"
 DESCRIPTION = ("fold a per-channel affine chain into the convolution/dot_general after it "
-               "(shift only without padding)")
+               "(through zero padding with an exact border correction)")
 
 
 @dataclass(frozen=True)
@@ -52,6 +65,7 @@ class Match:
     producer: ir.Operation
     act_index: int
     steps: tuple[Step, ...]  # first step first; ends at the producer's activation
+    pad: ir.Operation | None = None  # an explicit zero pad between the chain and a convolution
 
 
 @dataclass(frozen=True)
@@ -70,6 +84,10 @@ class Plan:
     # A uniform shift through zero padding: the padding moves into an explicit
     # stablehlo.pad of the unshifted input with this value (-t/s), low, high.
     pad: tuple[float, list[int], list[int]] | None = None
+    # The folded convolution's padding, when it changes (an absorbed or explicit pad).
+    padding: np.ndarray | None = None
+    # The shift's output through zero padding: varies near the borders.
+    correction: border.Correction | None = None
 
 
 def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
@@ -79,6 +97,9 @@ def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
         return None
     steps: list[Step] = []
     value = producer.operands[act_index]
+    pad = _zero_pad(producer, value, analysis)
+    if pad is not None:
+        value = pad.operands[0]
     while len(live_users(value)) == 1:
         owner = defining_op(value)
         if owner is None or owner.block != producer.block:
@@ -93,7 +114,54 @@ def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
         steps.pop(0)
     if not steps:
         return None
-    return Match(producer, act_index, tuple(steps))
+    return Match(producer, act_index, tuple(steps), pad)
+
+
+def _zero_pad(producer: ir.Operation, value: ir.Value, analysis: Analysis) -> ir.Operation | None:
+    """An explicit zero pad feeding only this convolution, that its padding can take over.
+
+    Edge padding of spatial axes only, no interior padding, none negative (a
+    crop before the convolution's own padding does not add up), and a
+    convolution without lhs_dilation (which would dilate the pad's zeros too)."""
+    owner = defining_op(value)
+    if producer.name != "stablehlo.convolution" or owner is None or \
+            owner.name != "stablehlo.pad" or owner.block != producer.block or \
+            len(live_users(value)) != 1 or _lhs_dilated(producer):
+        return None
+    zero = analysis.constant(owner.operands[1])
+    if zero is None or np.any(zero.array != 0):
+        return None
+    attrs = owner.attributes
+    low, high, interior = (list(ir.DenseI64ArrayAttr(attrs[name]))
+                           for name in ("edge_padding_low", "edge_padding_high", "interior_padding"))
+    spatial = set(producers.conv_dims(producer).input_spatial_dimensions)
+    if any(interior) or min(low + high) < 0 or \
+            any(low[d] or high[d] for d in range(len(low)) if d not in spatial):
+        return None
+    return owner
+
+
+def _lhs_dilated(op: ir.Operation) -> bool:
+    attrs = op.attributes
+    return "lhs_dilation" in attrs and any(d != 1 for d in ir.DenseI64ArrayAttr(attrs["lhs_dilation"]))
+
+
+def _padding(m: Match) -> np.ndarray | None:
+    """The convolution's padding [spatial, 2], including an absorbed explicit pad."""
+    op = m.producer
+    if op.name != "stablehlo.convolution":
+        return None
+    dims = producers.conv_dims(op)
+    n = len(dims.input_spatial_dimensions)
+    attrs = op.attributes
+    padding = (np.asarray(ir.DenseIntElementsAttr(attrs["padding"])).astype(np.int64)
+               if "padding" in attrs else np.zeros((n, 2), dtype=np.int64))
+    if m.pad is not None:
+        low = list(ir.DenseI64ArrayAttr(m.pad.attributes["edge_padding_low"]))
+        high = list(ir.DenseI64ArrayAttr(m.pad.attributes["edge_padding_high"]))
+        for k, d in enumerate(dims.input_spatial_dimensions):
+            padding[k] += (low[d], high[d])
+    return padding
 
 
 def plan(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False) -> Plan | str | None:
@@ -136,14 +204,21 @@ def plan(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False) -> Pl
     bias: np.ndarray | None = None
     out_axis = 0
     merge_into = None
+    padding = _padding(m)
+    absorbed = padding if m.pad is not None else None
     if np.any(fit.shift != 0):
-        shifted = _shift_bias(op, mapping, kernel, fit.shift)
-        if isinstance(shifted, str):
+        if padding is not None and (np.any(padding > 0) or _lhs_dilated(op)):
             if pad_uniform_shift:
-                padded = _uniform_shift_through_padding(m, fit, rewrite, end_type, analysis)
+                padded = _uniform_shift_through_padding(m, fit, rewrite, end_type, analysis, padding)
                 if padded is not None:
                     return padded
-            return _scale_only(m, fit, rewrite, shifted, axis_at_end, end_type)
+            corrected = _border_shift(m, mapping, kernel, fit, rewrite, padding, analysis)
+            if not isinstance(corrected, str):
+                return corrected
+            return _scale_only(m, fit, rewrite, corrected, axis_at_end, end_type, absorbed)
+        shifted = _shift_bias(op, mapping, kernel, fit.shift)
+        if isinstance(shifted, str):
+            return _scale_only(m, fit, rewrite, shifted, axis_at_end, end_type, absorbed)
         bias, out_axis = shifted
         existing = _existing_bias(op.results[0], out_axis, analysis)
         if existing is not None:
@@ -151,12 +226,58 @@ def plan(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False) -> Pl
             bias = bias + old
         if out_dtype is not None and (problem := precision.check_bias(bias, out_dtype)):
             return f"forward: {problem}"
-    return Plan(m, fit, rewrite, bias, out_axis, merge_into)
+    return Plan(m, fit, rewrite, bias, out_axis, merge_into, padding=absorbed)
+
+
+def _border_shift(m: Match, mapping: producers.InputScaleMap, kernel: producers.Kernel,
+                  fit: Affine, rewrite: KernelRewrite, padding: np.ndarray, analysis: Analysis
+                  ) -> Plan | str:
+    """The shift through zero padding as an exact constant correction of the output."""
+    op = m.producer
+    unpadded = ir.RankedTensorType(m.pad.operands[0].type) if m.pad is not None else None
+    win = border.window(op, padding, unpadded)
+    if isinstance(win, str):
+        return f"the shift cannot fold forward through zero padding: {win}"
+    values = _kernel_f64(kernel)
+    if isinstance(values, str):
+        return values
+    weighted = values * mapping.expand(fit.shift, kernel.shape)
+    limit = int(np.prod(kernel.shape)) + border.MARGIN_ELEMENTS
+    corr = border.correction(op, win, weighted, limit)
+    if isinstance(corr, str):
+        return f"the shift cannot fold forward through zero padding: {corr}"
+    dims = producers.conv_dims(op)
+    existing = _existing_bias(op.results[0], dims.output_feature_dimension, analysis)
+    merge_into = None
+    if existing is not None:
+        merge_into, old = existing
+        corr = corr.add_bias(old)
+    out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
+    if out_dtype is not None and (problem := precision.check_bias(corr.table, out_dtype)):
+        return problem
+    padding_out = padding if m.pad is not None else None
+    if corr.is_uniform:  # padding that every output position sees the same way
+        bias = corr.table.reshape(-1)
+        return Plan(m, fit, rewrite, bias, dims.output_feature_dimension, merge_into,
+                    padding=padding_out)
+    return Plan(m, fit, rewrite, None, dims.output_feature_dimension, merge_into,
+                padding=padding_out, correction=corr)
+
+
+def _kernel_f64(kernel: producers.Kernel) -> np.ndarray | str:
+    """The kernel as the program computes with it (after any convert), in float64."""
+    if kernel.values.shape != kernel.shape and \
+            int(np.prod(kernel.shape)) > precision.MAX_EXPANDED_ELEMENTS:
+        return "the kernel is a huge splat constant; refused to expand it for the shift"
+    values = np.broadcast_to(kernel.values, kernel.shape).astype(np.float64)
+    if kernel.convert is not None:
+        values = values.astype(kernel.effective).astype(np.float64)
+    return values
 
 
 def _uniform_shift_through_padding(m: Match, fit: Affine, rewrite: KernelRewrite,
-                                   end_type: ir.RankedTensorType, analysis: Analysis
-                                   ) -> Plan | None:
+                                   end_type: ir.RankedTensorType, analysis: Analysis,
+                                   padding: np.ndarray) -> Plan | None:
     """The exact fold of a uniform shift (the same t/s on every channel, e.g. Keras
     `Rescaling(1/127.5, offset=-1)`) through a convolution's zero padding.
 
@@ -169,11 +290,7 @@ def _uniform_shift_through_padding(m: Match, fit: Affine, rewrite: KernelRewrite
     op = m.producer
     if op.name != "stablehlo.convolution" or np.any(fit.scale == 0):
         return None
-    attrs = op.attributes
-    if "lhs_dilation" in attrs and any(d != 1 for d in ir.DenseI64ArrayAttr(attrs["lhs_dilation"])):
-        return None
-    padding = np.asarray(ir.DenseIntElementsAttr(attrs["padding"])) if "padding" in attrs else None
-    if padding is None or np.any(padding < 0):
+    if _lhs_dilated(op) or np.any(padding < 0):
         return None
     ratio = fit.shift / fit.scale
     if not np.all(ratio == ratio[0]):
@@ -203,11 +320,12 @@ def _uniform_shift_through_padding(m: Match, fit: Affine, rewrite: KernelRewrite
     out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
     if out_dtype is not None and precision.check_bias(bias, out_dtype):
         return None
-    return Plan(m, fit, rewrite, bias, out_axis, merge_into, pad=(value, low, high))
+    return Plan(m, fit, rewrite, bias, out_axis, merge_into, pad=(value, low, high),
+                padding=np.zeros_like(padding))
 
 
 def _scale_only(m: Match, fit: Affine, rewrite: KernelRewrite, reason: str, axis: int,
-                end_type: ir.RankedTensorType) -> Plan | str:
+                end_type: ir.RankedTensorType, padding: np.ndarray | None) -> Plan | str:
     """Folds the scale only: x * s + t == (x + t / s) * s, and the zero padding
     the producer adds sees zeros either way; t / s stays as one add before it."""
     if np.any(fit.scale == 0):
@@ -223,7 +341,7 @@ def _scale_only(m: Match, fit: Affine, rewrite: KernelRewrite, reason: str, axis
     kept = fit.shift / fit.scale
     if dtype is not None and (problem := precision.check_bias(kept, dtype)):
         return f"forward: {reason}; {problem}"
-    return Plan(m, fit, rewrite, None, 0, None, kept, reason, axis)
+    return Plan(m, fit, rewrite, None, 0, None, kept, reason, axis, padding=padding)
 
 
 def _activation_operand(op: ir.Operation, analysis: Analysis) -> int | None:
@@ -265,18 +383,9 @@ def _axis_at_start(steps: list[Step], axis: int) -> int | None:
 def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, kernel: producers.Kernel,
                 shift: np.ndarray) -> tuple[np.ndarray, int] | str:
     """The output bias a per-input-channel shift produces, and the output axis it varies on."""
-    if op.name == "stablehlo.convolution":
-        attrs = op.attributes
-        if "padding" in attrs and np.any(np.asarray(ir.DenseIntElementsAttr(attrs["padding"])) > 0):
-            return "the shift cannot fold forward through zero padding"
-        if "lhs_dilation" in attrs and any(d != 1 for d in ir.DenseI64ArrayAttr(attrs["lhs_dilation"])):
-            return "the shift cannot fold forward through lhs_dilation (transposed convolution)"
-    if kernel.values.shape != kernel.shape and \
-            int(np.prod(kernel.shape)) > precision.MAX_EXPANDED_ELEMENTS:
-        return "the kernel is a huge splat constant; refused to expand it for the shift"
-    values = np.broadcast_to(kernel.values, kernel.shape).astype(np.float64)
-    if kernel.convert is not None:
-        values = values.astype(kernel.effective).astype(np.float64)
+    values = _kernel_f64(kernel)
+    if isinstance(values, str):
+        return values
     t = mapping.expand(shift, kernel.shape)
     if op.name == "stablehlo.convolution":
         dims = producers.conv_dims(op)
@@ -342,20 +451,26 @@ def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
         if p.pad is not None:
             start = _explicit_pad(start, *p.pad, norm.location)
         folded = op.clone(ip=ir.InsertionPoint(op)).operation
-    if p.pad is not None:  # the padding now happens in the explicit pad
-        zeros = np.zeros(np.asarray(ir.DenseIntElementsAttr(op.attributes["padding"])).shape,
-                         dtype=np.int64)
-        folded.attributes["padding"] = ir.DenseIntElementsAttr.get(cast(Any, zeros))
+    if p.padding is not None:  # an absorbed pad, or one moved into an explicit pad
+        folded.attributes["padding"] = ir.DenseIntElementsAttr.get(
+            cast(Any, np.ascontiguousarray(p.padding, dtype=np.int64)))
     folded.operands[p.kernel.operand] = kernel_value
     folded.operands[p.match.act_index] = start
     root = p.merge_into or op
-    if p.bias is None:
+    if p.bias is None and p.correction is None:
         op.results[0].replace_all_uses_with(folded.results[0])
         return norm, folded
     at = ir.InsertionPoint(p.merge_into) if p.merge_into is not None else ir.InsertionPoint.after(op)
+    loc = root.location if p.merge_into is not None else norm.location
     with at:
-        replacement = bias_add(folded.results[0], p.bias, p.out_axis,
-                               root.location if p.merge_into is not None else norm.location)
+        if (corr := p.correction) is not None:
+            dims = producers.conv_dims(op)
+            replacement = constant_add(folded.results[0], corr.table,
+                                       [*dims.output_spatial_dimensions, p.out_axis], loc,
+                                       lambda table: border.expand(table, corr))
+        else:
+            assert p.bias is not None
+            replacement = bias_add(folded.results[0], p.bias, p.out_axis, loc)
     owner = defining_op(replacement)
     if owner is not None and p.merge_into is not None:
         carry_attributes(p.merge_into, owner)

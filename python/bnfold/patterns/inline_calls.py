@@ -21,7 +21,8 @@ has one block, and either it returns a convolution/dot_general result that
 the caller normalizes (the call result's only user is an affine step) with a
 kernel constant at this call site, or a producer inside it takes its kernel
 from an argument this call site passes as a constant (a nested jit block with
-its parameters as arguments). Each call site gets its own
+its parameters as arguments), or it pads (`jnp.pad`) an affine step's result
+for a convolution. Each call site gets its own
 copy, so a helper shared by layers with different kernels is never changed
 under another caller; a callee left without callers is removed. Public
 functions and other calls are untouched.
@@ -95,6 +96,8 @@ def _worth_inlining(call: ir.Operation, table: dict[str, ir.Operation],
                 for operand in op.operation.operands):
             return True
     for index, value in enumerate(returned):
+        if _pads_a_normalized_input(call, index, value, arguments, analysis):
+            return True
         producer = defining_op(value)
         if producer is None or not producers.is_producer(producer):
             continue
@@ -108,6 +111,19 @@ def _worth_inlining(call: ir.Operation, table: dict[str, ir.Operation],
                for i in (0, 1)):
             return True
     return False
+
+
+def _pads_a_normalized_input(call: ir.Operation, index: int, value: ir.Value,
+                             arguments: list[ir.Value], analysis: Analysis) -> bool:
+    """A padding helper (`jnp.pad`) between an affine step and a convolution's input."""
+    pad = defining_op(value)
+    found = live_users(call.results[index])
+    if pad is None or pad.name != "stablehlo.pad" or pad.operands[0] not in arguments or \
+            len(found) != 1 or found[0].name != "stablehlo.convolution" or \
+            found[0].operands[0] != call.results[index]:
+        return False
+    source = defining_op(call.operands[arguments.index(pad.operands[0])])
+    return source is not None and analysis.step(source) is not None
 
 
 def _constant_at_call(value: ir.Value, arguments: list[ir.Value], call: ir.Operation,

@@ -6,6 +6,7 @@ ops they stand in for); neither changes an existing op.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -64,7 +65,13 @@ def plan_kernel(kernel: Kernel, factor: np.ndarray, operand: int) -> KernelRewri
 
 
 def bias_add(result: ir.Value, bias: np.ndarray, axis: int, loc: ir.Location) -> ir.Value:
-    """`add(result, broadcast_in_dim(bias, dims=[axis]))` at the insertion point.
+    """`add(result, broadcast_in_dim(bias, dims=[axis]))` at the insertion point."""
+    return constant_add(result, bias, [axis], loc)
+
+
+def constant_add(result: ir.Value, array: np.ndarray, dims: list[int], loc: ir.Location,
+                 expand: Callable[[ir.Value], ir.Value] | None = None) -> ir.Value:
+    """`add(result, broadcast_in_dim(expand(constant(array)), dims))` at the insertion point.
 
     With symbolic dimensions (a shape-polymorphic batch) the broadcast is a
     `dynamic_broadcast_in_dim` to the shape of `result` itself, read with
@@ -72,12 +79,13 @@ def bias_add(result: ir.Value, bias: np.ndarray, axis: int, loc: ir.Location) ->
     """
     ty = ir.RankedTensorType(result.type)
     with loc:
-        const = stablehlo.ConstantOp(elements.dense_attr(bias, ty.element_type))
+        value: ir.Value = stablehlo.ConstantOp(elements.dense_attr(array, ty.element_type)).result
+        if expand is not None:
+            value = expand(value)
         if ty.has_static_shape:
-            bcast = stablehlo.BroadcastInDimOp(ty, const.result, [axis]).result
+            bcast = stablehlo.BroadcastInDimOp(ty, value, dims).result
         else:
-            bcast = stablehlo.DynamicBroadcastInDimOp(ty, const.result, _shape_of(result),
-                                                      [axis]).result
+            bcast = stablehlo.DynamicBroadcastInDimOp(ty, value, _shape_of(result), dims).result
         return stablehlo.AddOp(result, bcast).result
 
 
