@@ -207,6 +207,9 @@ class Conv:
     in_layout: tuple[str, ...]  # labels b, f, 0, 1, ... by position
     kernel_layout: tuple[str, ...]  # labels i, o, 0, 1, ...
     out_layout: tuple[str, ...]
+    # The positive padding as an explicit zero stablehlo.pad before the convolution
+    # (Keras ZeroPadding2D then a VALID Conv2D); only without lhs_dilation.
+    explicit_pad: bool = False
 
     def in_shape(self) -> tuple[int, ...]:
         return tuple(self.batch if l == "b" else self.in_features if l == "f" else
@@ -236,8 +239,12 @@ class Conv:
 
     def render(self, b: Builder, x: V, kernel: V) -> V:
         sp = self.spatial
+        pads = [(s.pad_lo, s.pad_hi) for s in sp]
+        if self.explicit_pad and not self.has_lhs_dilation() and self.has_positive_pad():
+            x = self._explicit_pad(b, x)
+            pads = [(min(lo, 0), min(hi, 0)) for lo, hi in pads]
         window = (f"stride = [{', '.join(str(s.stride) for s in sp)}], "
-                  f"pad = [{', '.join(f'[{s.pad_lo}, {s.pad_hi}]' for s in sp)}], "
+                  f"pad = [{', '.join(f'[{lo}, {hi}]' for lo, hi in pads)}], "
                   f"lhs_dilate = [{', '.join(str(s.lhs_dilation) for s in sp)}], "
                   f"rhs_dilate = [{', '.join(str(s.rhs_dilation) for s in sp)}], "
                   f"reverse = [{', '.join('true' if s.reverse else 'false' for s in sp)}]")
@@ -249,6 +256,18 @@ class Conv:
                               f"feature_group_count = {self.feature_groups} : i64}} : "
                               f"({ttype(x.shape, b.dt)}, {ttype(kernel.shape, b.dt)}) -> "
                               f"{ttype(out, b.dt)}", out, False)
+
+    def _explicit_pad(self, b: Builder, x: V) -> V:
+        low, high = [0] * len(x.shape), [0] * len(x.shape)
+        for d, label in enumerate(self.in_layout):
+            if label not in ("b", "f"):
+                s = self.spatial[int(label)]
+                low[d], high[d] = max(s.pad_lo, 0), max(s.pad_hi, 0)
+        shape = tuple(n + lo + hi for n, lo, hi in zip(x.shape, low, high, strict=True))
+        zero = b.emit("zero", f"stablehlo.constant dense<0.0> : tensor<{b.dt}>", (), False)
+        return b.emit("padded", f"stablehlo.pad {x.name}, {zero.name}, low = {low}, high = {high}, "
+                                f"interior = {[0] * len(shape)} : ({ttype(x.shape, b.dt)}, "
+                                f"tensor<{b.dt}>) -> {ttype(shape, b.dt)}", shape, x.tainted)
 
     def fan_in(self) -> int:
         return max(1, (self.in_features // self.feature_groups) *
@@ -878,7 +897,7 @@ def convs(draw, need_other_axis: str | None = None, equal_to_channels: bool = Fa
     labels = [str(i) for i in range(rank)]
     conv = Conv(batch, g * ci, max(g, bg) * ok, g, bg, spatial,
                 _perm(draw, ["b", "f"] + labels), _perm(draw, ["i", "o"] + labels),
-                _perm(draw, ["b", "f"] + labels))
+                _perm(draw, ["b", "f"] + labels), explicit_pad=forward and draw(st.booleans()))
     size = math.prod(conv.out_shape())
     if size < MIN_OUTPUT_ELEMENTS:
         conv = replace(conv, batch=batch * -(-MIN_OUTPUT_ELEMENTS // size))

@@ -130,6 +130,8 @@ def downstream_reason(chain: Chain) -> str:
     if len(found) != 1:
         return f"forward: its result has {len(found)} users"
     user = found[0]
-    if producers.is_producer(user):
+    if user.name == "stablehlo.convolution" and user.operands[1] == chain.tail.result:
         return "forward: it feeds the kernel operand, not the activation"
+    if producers.is_producer(user):
+        return f"forward: the chain before the {user.name.removeprefix('stablehlo.')} cannot fold into it"
     return f"forward: it feeds {user.name}, which is not linear"

@@ -22,7 +22,12 @@ kernel's worst relative rounding against float64.
 from __future__ import annotations
 
 import math
+import os
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
@@ -86,31 +91,103 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
     return _blocks(compact, factor, storage, effective)
 
 
+# Elements per block: the float64 products of a block (512 KiB) stay in cache
+# while they are rounded and checked.
+BLOCK_ELEMENTS = 1 << 16
+
+
 def _blocks(kernel: np.ndarray, factor: np.ndarray, storage: np.dtype,
             effective: np.dtype) -> Rounded | str:
-    """Scales and rounds in one buffered numpy pass, then checks the whole result."""
+    """Scales in float64 and rounds once, block by block (in parallel when the
+    kernel is large), checking each block while it is in cache."""
     out = np.empty(kernel.shape, dtype=storage)
+    factor = factor.reshape((1,) * (kernel.ndim - factor.ndim) + factor.shape)
+    narrow = np.dtype(effective) != np.dtype(storage)
+    # |K * s| > (smallest subnormal) / 2 whenever |s| > 1/2, so only a smaller
+    # scale can push a weight the original kept to zero.
+    small = bool(np.any(np.abs(factor) <= 0.5))
+
+    def block(index: tuple[slice, ...]) -> tuple[bool, bool]:
+        """(finite, some weight became zero) for one block."""
+        part = out[index]
+        scaled = _scratch(part.shape)
+        scaled[...] = kernel[index]
+        np.multiply(scaled, factor[_factor_index(factor, index)], out=scaled)
+        part[...] = scaled
+        final = part.astype(effective) if narrow else part
+        # A float64 sum is finite when every weight is (a cheap first test).
+        finite = bool(np.isfinite(np.sum(final, dtype=np.float64))) or _all_finite(final)
+        return finite, small and bool((final == 0).any())
+
     with np.errstate(all="ignore"):
-        # float64 products, rounded once into `out` (numpy buffers internally).
-        np.multiply(kernel, factor, out=out, dtype=np.float64, casting="unsafe")
-        final = out if np.dtype(effective) == np.dtype(storage) else out.astype(effective)
-        # max and min propagate inf and NaN: two reductions, no temporary array.
-        if not (np.isfinite(final.max()) and np.isfinite(final.min())):
+        results = _map(block, list(_block_indices(kernel.shape)))
+        final = out if not narrow else out.astype(effective)
+        if not all(finite for finite, _ in results):
             bad = int(np.count_nonzero(~np.isfinite(final)))
             biggest = float(np.nanmax(np.abs(np.multiply(kernel, factor, dtype=np.float64))))
             return _overflow(effective, bad, biggest)
-        # |K * s| > (smallest subnormal) / 2 whenever |s| > 1/2, so only a
-        # smaller scale can push a weight the original kept to zero.
-        kept = int(np.count_nonzero(final))
-        if kept < final.size and np.any(np.abs(factor) <= 0.5):
-            original = kernel if np.dtype(effective) == np.dtype(storage) else \
-                kernel.astype(effective)
+        if any(zero for _, zero in results):
+            original = kernel if not narrow else kernel.astype(effective)
             if not np.all(factor != 0):
                 original = np.multiply(original, factor != 0)
-            lost = int(np.count_nonzero(original)) - kept
+            lost = int(np.count_nonzero(original)) - int(np.count_nonzero(final))
             if lost:
                 return _underflow(effective, lost)
     return Rounded(out, False, _sampled_rounding(kernel, factor, final))
+
+
+def _all_finite(values: np.ndarray) -> bool:
+    # max and min propagate inf and NaN (and work for bfloat16).
+    return bool(np.isfinite(values.max()) and np.isfinite(values.min()))
+
+
+def _block_indices(shape: tuple[int, ...]) -> Iterator[tuple[slice, ...]]:
+    """Index tuples of C-order blocks of about BLOCK_ELEMENTS elements covering `shape`."""
+    if not shape or math.prod(shape) <= BLOCK_ELEMENTS:
+        yield tuple(slice(None) for _ in shape)
+        return
+    inner = math.prod(shape[1:])
+    if inner <= BLOCK_ELEMENTS:
+        step = max(1, BLOCK_ELEMENTS // max(inner, 1))
+        for i in range(0, shape[0], step):
+            yield (slice(i, i + step),) + tuple(slice(None) for _ in shape[1:])
+        return
+    for i in range(shape[0]):
+        for rest in _block_indices(shape[1:]):
+            yield (slice(i, i + 1),) + rest
+
+
+def _factor_index(factor: np.ndarray, index: tuple[slice, ...]) -> tuple[slice, ...]:
+    return tuple(s if factor.shape[d] > 1 else slice(None) for d, s in enumerate(index))
+
+
+_local = threading.local()
+
+
+def _scratch(shape: tuple[int, ...]) -> np.ndarray:
+    """A per-thread float64 buffer of `shape` (reused: no page faults per block)."""
+    size = math.prod(shape)
+    buffer = getattr(_local, "buffer", None)
+    if buffer is None or buffer.size < size:
+        buffer = _local.buffer = np.empty(max(size, BLOCK_ELEMENTS), dtype=np.float64)
+    return buffer[:size].reshape(shape)
+
+
+_T = TypeVar("_T")
+_pool: ThreadPoolExecutor | None = None
+
+
+def _map(fn: Callable[[tuple[slice, ...]], _T], items: list[tuple[slice, ...]]) -> list[_T]:
+    """`fn` over `items`, on a few threads when there are enough (numpy releases
+    the GIL in its loops; the result does not depend on the order)."""
+    global _pool
+    workers = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                  else (os.cpu_count() or 1))
+    if workers < 2 or len(items) < 4:
+        return [fn(item) for item in items]
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bnfold-kernel")
+    return list(_pool.map(fn, items))
 
 
 # Weights examined for the reported rounding (evenly strided beyond this).

@@ -109,6 +109,11 @@ def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
             break
         steps.append(step)
         value = step.x
+    # What follows a step with a parameter operand can still fold. When nothing
+    # does, the whole chain stays, so that the plan tells to bind parameters.
+    first_parameter = next((i for i, s in enumerate(steps) if s.parameter is not None), None)
+    if first_parameter:
+        steps = steps[:first_parameter]
     steps.reverse()
     while steps and steps[0].name in affine.LAYOUT:
         steps.pop(0)
