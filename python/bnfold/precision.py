@@ -173,6 +173,15 @@ def _scratch(shape: tuple[int, ...]) -> np.ndarray:
     return buffer[:size].reshape(shape)
 
 
+def _workers() -> int:
+    """Threads for kernel scaling: BNFOLD_NUM_THREADS, else the usable cores (at most 4)."""
+    configured = os.environ.get("BNFOLD_NUM_THREADS", "")
+    if configured.isdigit() and int(configured) > 0:
+        return int(configured)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return min(4, cores or 1)
+
+
 _T = TypeVar("_T")
 _pool: ThreadPoolExecutor | None = None
 
@@ -181,8 +190,7 @@ def _map(fn: Callable[[tuple[slice, ...]], _T], items: list[tuple[slice, ...]]) 
     """`fn` over `items`, on a few threads when there are enough (numpy releases
     the GIL in its loops; the result does not depend on the order)."""
     global _pool
-    workers = min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                  else (os.cpu_count() or 1))
+    workers = _workers()
     if workers < 2 or len(items) < 4:
         return [fn(item) for item in items]
     if _pool is None:
