@@ -1,7 +1,5 @@
 """`python -m bnfold` is `bnfold-opt`."""
 
-import sys
+from bnfold.cli import run
 
-from bnfold.cli import main
-
-sys.exit(main())
+run()
