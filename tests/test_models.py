@@ -107,3 +107,36 @@ def test_every_batchnorm_folds(model):
     dtype = model.get("dtype", "f32")
     numerics.check_close(numerics.run_xla(folded, inputs), expected, dtype,
                          rtol=max(model.get("rtol", 1e-5), numerics.tolerance(dtype)))
+
+
+NORMALIZED_INPUTS = [m for m in MODELS if m.get("input_normalization")]
+
+
+def test_models_with_input_normalization_are_present():
+    frameworks = {m["framework"] for m in NORMALIZED_INPUTS}
+    assert {"keras", "torchax"} <= frameworks, frameworks
+
+
+@pytest.mark.parametrize("model", NORMALIZED_INPUTS, ids=lambda m: m["file"])
+def test_input_normalization_folds_exactly_into_the_stem(model):
+    """torchvision's (x - mean) / std and Keras Rescaling / Normalization before a
+    zero-padded stem convolution: the whole normalization folds forward (the shift
+    through the padding as an exact border correction), and the output matches."""
+    text = (support.MODELS / model["file"]).read_text()
+    folded, report = support.fold(text)
+    forward = [f for f in report.folds if f.direction == "forward"]
+    assert len(forward) == 1, report.to_json()
+    (fold,) = forward
+    assert fold.producer_op == "stablehlo.convolution"
+    assert "stays" not in (fold.note or ""), fold.note  # nothing kept before the conv
+    body = folded[folded.index("func.func public @main"):]
+    prologue = body[:body.index("stablehlo.convolution(")]
+    # Only constants and layout ops are left between the image and the stem convolution.
+    for name in ("multiply", "subtract", "divide", "add", "pad"):
+        assert f"stablehlo.{name} " not in prologue, prologue
+    inputs = support.inputs_for(text)
+    expected = numerics.run_xla(text, inputs)
+    # The fold is exact up to float32 rounding: only the default f32 tolerance.
+    numerics.check_close(numerics.run_xla(folded, inputs), expected, "f32",
+                         rtol=max(model.get("rtol", 1e-5), numerics.tolerance("f32")))
+
