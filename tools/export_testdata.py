@@ -116,6 +116,9 @@ class Case:
     reference: np.ndarray  # the framework's own eager output on x
     rtol: float = RTOL  # tolerance against `reference`, relative to max|reference|
     dtype: str = "f32"  # the model's compute dtype (manifest "dtype")
+    # The model starts with an input normalization before a zero-padded convolution
+    # (manifest "input_normalization": it must fold forward into that convolution).
+    input_normalization: bool = False
 
     @property
     def file(self) -> str:
@@ -832,7 +835,7 @@ def keras_cases() -> Iterator[Case]:
         c = mean.shape
         return (mean + st.mean(c) * np.sqrt(var)).astype(np.float32), (var * st.var(c)).astype(np.float32)
 
-    def make(name, build, in_shape, layout, form, desc, calibrated=False):
+    def make(name, build, in_shape, layout, form, desc, calibrated=False, input_normalization=False):
         st = Stats(f"{fw}/{name}")
         keras.utils.set_random_seed(zlib.crc32(name.encode()) & 0xFFFF)
         model = build()
@@ -870,6 +873,7 @@ def keras_cases() -> Iterator[Case]:
             x,
             np_out(fn(jnp.asarray(x))),
             rtol=5e-5 if calibrated else RTOL,
+            input_normalization=input_normalization,
         )
 
     def seq(in_shape, layer_list):
@@ -985,6 +989,54 @@ def keras_cases() -> Iterator[Case]:
         calibrated=True,
     )
 
+    # Input normalization before a zero-padded stem (issue: exact forward folding
+    # through zero padding): prefixes of the real applications, whose graphs hold
+    # the preprocessing layers.
+    def prefix(application, last_layer, **kwargs):
+        def build():
+            full = application(input_shape=(32, 32, 3), weights=None, include_top=False, **kwargs)
+            return keras.Model(full.input, full.get_layer(last_layer).output)
+
+        return build
+
+    def efficientnet():
+        model = prefix(keras.applications.EfficientNetB0, "block1a_project_bn")()
+        norm = next(l for l in all_layers(model) if isinstance(l, layers.Normalization))
+        # ImageNet statistics, as efficientnet.py's weights="imagenet" path uses (in 0..1 units).
+        norm.adapt_mean.assign(np.array([0.485, 0.456, 0.406], np.float32))
+        norm.adapt_variance.assign(np.array([0.229, 0.224, 0.225], np.float32) ** 2)
+        norm.finalize_state()  # the layer's broadcast mean/variance from the variables
+        return model
+
+    yield make(
+        "efficientnet_stem_nhwc",
+        efficientnet,
+        (1, 32, 32, 3),
+        "NHWC",
+        "export",
+        "keras.applications.EfficientNetB0(weights=None, include_top=False) up to block1a_project_bn: "
+        "Rescaling(1/255) then Normalization(ImageNet mean/variance), a per-channel shift, then "
+        "ZeroPadding2D(correct_pad: ((0, 1), (0, 1))) as an explicit stablehlo.pad and a VALID 3x3/2 "
+        "Conv2D + BN + swish, then a depthwise MBConv block with squeeze-excite; running stats "
+        "calibrated on random inputs, then perturbed",
+        calibrated=True,
+        input_normalization=True,
+    )
+    yield make(
+        "mobilenetv3_stem_nhwc",
+        prefix(keras.applications.MobileNetV3Small, "expanded_conv_project_bn",
+               include_preprocessing=True, alpha=0.75),
+        (1, 32, 32, 3),
+        "NHWC",
+        "export",
+        "keras.applications.MobileNetV3Small(alpha=0.75, include_preprocessing=True, weights=None) up "
+        "to expanded_conv_project_bn: Rescaling(1/127.5, offset=-1), a uniform shift, then a SAME "
+        "3x3/2 Conv2D (asymmetric zero padding (0, 1)) + BN + hard_swish, then the first depthwise "
+        "block; running stats calibrated on random inputs, then perturbed",
+        calibrated=True,
+        input_normalization=True,
+    )
+
 
 # --------------------------------------------------------------------------- torchax
 
@@ -1069,7 +1121,25 @@ def torchax_cases() -> Iterator[Case]:
             x = self.blocks(self.stem(x))
             return self.fc(x.mean(dim=(2, 3)))
 
-    def make(name, build, in_shape, layout, form, desc, torch_reference=True):
+    class NormalizedStem(nn.Module):
+        """torchvision's preprocessing baked into the export: (x - mean) / std, then a
+        ResNet stem (7x7/2 pad 3 conv, BN, ReLU, 3x3/2 max pool) and a basic block."""
+
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("mean", torch.tensor([0.485, 0.456, 0.406]).reshape(1, 3, 1, 1))
+            self.register_buffer("std", torch.tensor([0.229, 0.224, 0.225]).reshape(1, 3, 1, 1))
+            self.conv1 = nn.Conv2d(3, 8, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(8)
+            self.pool = nn.MaxPool2d(3, 2, 1)
+            self.block = BasicBlock(8, 8, 1)
+
+        def forward(self, x):
+            x = (x - self.mean) / self.std
+            return self.block(self.pool(torch.relu(self.bn1(self.conv1(x)))))
+
+    def make(name, build, in_shape, layout, form, desc, torch_reference=True,
+             input_normalization=False):
         st = Stats(f"{fw}/{name}")
         torch.manual_seed(zlib.crc32(name.encode()) & 0xFFFF)
         model = build().eval()
@@ -1093,7 +1163,8 @@ def torchax_cases() -> Iterator[Case]:
             import jax
 
             reference = np_out(jax.jit(fn)(x))
-        return Case(name, fw, layout, nbn, nprod, form, desc, fn, x, reference)
+        return Case(name, fw, layout, nbn, nprod, form, desc, fn, x, reference,
+                    input_normalization=input_normalization)
 
     seq = nn.Sequential
     yield make(
@@ -1154,6 +1225,18 @@ def torchax_cases() -> Iterator[Case]:
         "NCHW",
         "lower",
         "stem conv-BN-relu + 3 basic blocks (one strided with 1x1 projection+BN) + mean + Linear",
+    )
+    yield make(
+        "normalized_stem_nchw",
+        NormalizedStem,
+        (1, 3, 32, 32),
+        "NCHW",
+        "lower",
+        "torchvision-style (x - mean) / std with the ImageNet constants (per-channel subtract and "
+        "divide), then a ResNet stem: nn.Conv2d 7x7 stride 2 padding 3 no bias -> BatchNorm2d -> "
+        "ReLU -> MaxPool2d(3, 2, 1) -> one basic block (torchvision itself has no CPU build here; "
+        "the modules are written out as torchvision defines them)",
+        input_normalization=True,
     )
 
 
@@ -1364,6 +1447,7 @@ def manifest_entry(case: Case, output_shape) -> dict:
         "rtol": case.rtol,
         "dtype": case.dtype,
         "description": case.description,
+        **({"input_normalization": True} if case.input_normalization else {}),
     }
 
 
