@@ -223,3 +223,36 @@ func.func @forward_chain_with_second_user_is_not_folded(%x: tensor<4x2xf32>) -> 
   return %d, %m : tensor<4x3xf32>, tensor<4x2xf32>
 }
 
+
+// -----
+
+// A dynamic spatial size: the border correction cannot be computed at fold time;
+// the scale folds and t / s = [0.5, 0.75] stays as one add before the convolution
+// (broadcast to the runtime shape).
+
+// CHECK-LABEL: @forward_shift_through_padding_with_dynamic_spatial_size_stays
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x?x?x2xf32>)
+// CHECK:         %[[U:.+]] = stablehlo.constant dense<[5.000000e-01, 7.500000e-01]>
+// CHECK:         %[[UB:.+]] = stablehlo.dynamic_broadcast_in_dim %[[U]]
+// CHECK-NEXT:    %[[A:.+]] = stablehlo.add %[[X]], %[[UB]]
+// CHECK-NEXT:    %[[C:.+]] = stablehlo.convolution(%[[A]], %{{.+}})
+// CHECK-NEXT:    return %[[C]]
+// CHECK-NOT:     stablehlo.multiply
+func.func @forward_shift_through_padding_with_dynamic_spatial_size_stays(%x: tensor<1x?x?x2xf32>) -> tensor<1x?x?x2xf32> {
+  %k = stablehlo.constant dense<0.5> : tensor<3x3x2x2xf32>
+  %s = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %t = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %shape = stablehlo.get_dimension_size %x, dim = 1 : (tensor<1x?x?x2xf32>) -> tensor<i32>
+  %one = stablehlo.constant dense<1> : tensor<1xi32>
+  %two = stablehlo.constant dense<2> : tensor<1xi32>
+  %h = stablehlo.reshape %shape : (tensor<i32>) -> tensor<1xi32>
+  %w0 = stablehlo.get_dimension_size %x, dim = 2 : (tensor<1x?x?x2xf32>) -> tensor<i32>
+  %w = stablehlo.reshape %w0 : (tensor<i32>) -> tensor<1xi32>
+  %dims = stablehlo.concatenate %one, %h, %w, %two, dim = 0 : (tensor<1xi32>, tensor<1xi32>, tensor<1xi32>, tensor<1xi32>) -> tensor<4xi32>
+  %sb = stablehlo.dynamic_broadcast_in_dim %s, %dims, dims = [3] : (tensor<2xf32>, tensor<4xi32>) -> tensor<1x?x?x2xf32>
+  %tb = stablehlo.dynamic_broadcast_in_dim %t, %dims, dims = [3] : (tensor<2xf32>, tensor<4xi32>) -> tensor<1x?x?x2xf32>
+  %m = stablehlo.multiply %x, %sb : tensor<1x?x?x2xf32>
+  %a = stablehlo.add %m, %tb : tensor<1x?x?x2xf32>
+  %c = stablehlo.convolution(%a, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {pad = [[1, 1], [1, 1]]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x?x?x2xf32>, tensor<3x3x2x2xf32>) -> tensor<1x?x?x2xf32>
+  return %c : tensor<1x?x?x2xf32>
+}

@@ -78,6 +78,23 @@ def test_symbolic_export_binds_parameters_while_the_input_stays_symbolic():
     assert np.asarray(jax.jit(folded.call)(x)).shape == (3, 8, 8, 8)
 
 
+def test_symbolic_export_folds_an_input_normalization_into_the_padded_stem():
+    """Forward folding with a symbolic batch: the scale into the kernel, the shift
+    through the SAME padding as a border correction broadcast to the runtime batch."""
+    mean, std = np.float32([0.4, 0.5, 0.6]), np.float32([0.2, 0.25, 0.3])
+
+    def model(x):
+        return _apply(PARAMS, (x - mean) / std)
+
+    exported = jax.export.export(jax.jit(model))(SYMBOLIC)
+    folded, report = fold_exported(exported, argnums=())
+    assert not report.skipped, report.dumps()
+    stem = [f for f in report.folds if f.direction == "forward"]
+    assert len(stem) == 1 and "border correction" in stem[0].note, report.dumps()
+    assert _no_norm_ops(folded.mlir_module())
+    _check_batches(folded, model)
+
+
 def test_symbolic_export_refines_after_folding():
     """The folded module still verifies and refines shapes for a concrete batch."""
     exported = jax.export.export(jax.jit(lambda x: _apply(PARAMS, x)))(SYMBOLIC)

@@ -172,7 +172,7 @@ def _padding(m: Match) -> np.ndarray | None:
 def plan(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False) -> Plan | str | None:
     """The fold of `m`, or why it cannot fold (None: nothing worth folding)."""
     op, steps = m.producer, list(m.steps)
-    end_type = elements.tensor_type(steps[-1].result)
+    end_type = elements.ranked_type(steps[-1].result)
     if end_type is None or not elements.is_float(end_type.element_type):
         return None
     axis_at_end = _input_axis(op, m.act_index)
