@@ -60,6 +60,7 @@ settings.load_profile(PROFILE)
 
 PRECISION_SLACK = 1.5
 EPS = {"f16": float(np.finfo(np.float16).eps), "bf16": float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps)}
+F32_EPS = float(np.finfo(np.float32).eps)
 NORMALIZING_OPS = ("stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.divide",
                    "stablehlo.batch_norm_inference")
 CANONICAL_OPS = {"func.func", "func.return", "stablehlo.constant",
@@ -298,23 +299,39 @@ def check_numerics(text: str, folded: str, dtype: str, arg_shapes, seed: int,
         actual = run_xla(folded, inputs)
     except XlaCrash:
         raise AssertionError("XLA CPU aborts on the folded module but runs the unfolded one") from None
+    if dtype == "f32" and reference_text is not None:
+        try:
+            numerics.check_close(actual, expected, dtype)
+        except AssertionError:
+            # An ill-conditioned output (x * s + t cancelling) magnifies the different
+            # f32 roundings of the two modules past the plain tolerance; then the
+            # contract is what counts: no less accurate than the original vs float64.
+            note("f32 tolerance exceeded: checked against the float64 reference")
+            check_precision(actual, expected, inputs, reference_text, F32_EPS)
+        return
     numerics.check_close(actual, expected, dtype)
     if reference_text is not None and dtype in EPS and folded != text:
-        try:
-            reference = run_xla(reference_text, [x.astype(np.float64) for x in inputs])
-            condition = fold_condition(reference_text, inputs)
-        except XlaCrash:
-            note("XLA CPU aborts on the float64 reference: precision not checked")
-            return
-        note(f"fold condition {'<= 2' if condition <= 2 else '<= 10' if condition <= 10 else '> 10'}")
-        for i, (a, e, r) in enumerate(zip(actual, expected, reference)):
-            err_folded = numerics.relative_error(a, r)
-            err_orig = numerics.relative_error(e, r)
-            bound = PRECISION_SLACK * err_orig + EPS[dtype] * (1 + condition)
-            assert err_folded <= bound, (
-                f"output {i}: folded error vs f64 reference {err_folded:.3g} > "
-                f"{PRECISION_SLACK} * unfolded error {err_orig:.3g} + eps {EPS[dtype]:.3g} * "
-                f"(1 + condition {condition:.3g})")
+        check_precision(actual, expected, inputs, reference_text, EPS[dtype])
+
+
+def check_precision(actual: list[np.ndarray], expected: list[np.ndarray], inputs: list[np.ndarray],
+                    reference_text: str, eps: float) -> None:
+    """err(folded) <= 1.5 * err(unfolded) + eps * (1 + condition) against float64."""
+    try:
+        reference = run_xla(reference_text, [x.astype(np.float64) for x in inputs])
+        condition = fold_condition(reference_text, inputs)
+    except XlaCrash:
+        note("XLA CPU aborts on the float64 reference: precision not checked")
+        return
+    note(f"fold condition {'<= 2' if condition <= 2 else '<= 10' if condition <= 10 else '> 10'}")
+    for i, (a, e, r) in enumerate(zip(actual, expected, reference, strict=True)):
+        err_folded = numerics.relative_error(a, r)
+        err_orig = numerics.relative_error(e, r)
+        bound = PRECISION_SLACK * err_orig + eps * (1 + condition)
+        assert err_folded <= bound, (
+            f"output {i}: folded error vs f64 reference {err_folded:.3g} > "
+            f"{PRECISION_SLACK} * unfolded error {err_orig:.3g} + eps {eps:.3g} * "
+            f"(1 + condition {condition:.3g})")
 
 
 def check_case(case: modgen.Case) -> None:
@@ -356,7 +373,7 @@ def check_case(case: modgen.Case) -> None:
         assert report.skipped, f"no reason in report.skipped{detail}"
     if exp.full and case.direction == "backward" and len(report.folds) == 1:
         check_folded_parameters(case, r, folded, report.folds[0])
-    reference = modgen.render(case, "f64").text if case.dtype in EPS else None
+    reference = modgen.render(case, "f64").text if case.dtype in EPS or case.dtype == "f32" else None
     check_numerics(text, folded, case.dtype, r.arg_shapes, case.seed, reference)
 
 
@@ -961,3 +978,23 @@ def test_regression_decomposed_norm_with_argument_statistic_has_a_reason():
     assert folded == printed(MEAN_AS_ARGUMENT) and not report.folds
     (skip,) = report.skipped
     assert "function argument %arg1" in skip.reason and "--bind-params" in skip.reason
+
+
+ILL_CONDITIONED_F32 = modgen.Case(
+    dtype="f32", producer=modgen.Dot(weight_rhs=False, act_dims=(("c", 0, 1),),
+                                     weight_dims=(("c", 0, 1), ("w", 0, 4)), feature=0),
+    direction="forward", post=None,
+    pre=modgen.ChainSpec(form="bn", eps=1e-05, zero_shift=False, wrap="none",
+                         const_style="vec", swap=False),
+    bias=False, variant="none", variant_pos=0, wrong_axis=None, seed=75561,
+    kernel_style="const", first_in_features=1)
+
+
+@settings(max_examples=1)
+@given(st.just(ILL_CONDITIONED_F32))
+def test_regression_ill_conditioned_f32_forward_fold_is_judged_against_float64(case):
+    """The thorough profile found a 1-channel dense forward fold whose f32 outputs
+    (x * s + t cancelling to ~1e-3) differ from the unfolded module's by 2.2e-5
+    relative: both are f32 roundings of the same value. The property then checks the
+    contract instead (no less accurate than the original against float64)."""
+    check_case(case)
