@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import os
 import re
 import sys
@@ -37,6 +38,7 @@ examples:
   bnfold-opt model.mlir -o folded.mlirbc --emit bytecode
   bnfold-opt exported.bin --emit portable -o folded.bin   (jax.export artifacts)
   bnfold-opt model.mlir --report report.json --report-params stats.npz
+  bnfold-opt model.mlir -o folded.mlir --report-overlay folds.json   (Model Explorer node data)
   bnfold-opt model.mlir --bind-params params.npz          (fold parameters passed as arguments)
   bnfold-opt model.mlir --disable forward-affine --skip-func encoder
   cat model.mlir | bnfold-opt - --expand-batch-norm > expanded.mlir
@@ -84,6 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="save each fold's statistics as <fold id>/<name> arrays: scale, "
                              "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference; "
                              "'-' is stdout")
+    parser.add_argument("--report-overlay", metavar="FILE.json",
+                        help="write Model Explorer node data: FILE.json for the input graph "
+                             "(each normalization op folded, into what, or not, and why) and "
+                             "FILE.output.json for the output graph (each producer that absorbed "
+                             "folds); load them as node data next to the two modules")
     parser.add_argument("--bind-params", metavar="FILE.npz",
                         help="bind function arguments to these arrays before folding; keys are "
                              "argN or argument names (jax.arg_info / loc names); bound arguments "
@@ -202,12 +209,19 @@ def _run(args: argparse.Namespace, name: str) -> int:
         raise BnfoldError("--target-version needs --emit portable")
     if args.target_version:
         bir.check_target_version(args.target_version)
+    if args.report_overlay and args.split_input_file:
+        raise BnfoldError("--report-overlay describes one module; it does not work with "
+                          "--split-input-file")
+    if args.report_overlay == "-":
+        raise BnfoldError("--report-overlay writes two files (FILE.json and FILE.output.json); "
+                          "give it a file name, not '-'")
     outputs = _outputs(args)
     outputs.check()  # a directory or a clash is an error before any work
     bound = _load_params(args.bind_params) if args.bind_params else None
     start = time.perf_counter()
     report = Report()
     out: bytes | Callable[[BinaryIO], None]
+    overlays: tuple[bytes, bytes] | None = None
     if args.split_input_file:
         results = [_process(args, options, name, bound, report, data=chunk)
                    for chunk in _split(_read(args.input))]
@@ -230,12 +244,17 @@ def _run(args: argparse.Namespace, name: str) -> int:
         if module is None:
             return 1
         out = functools.partial(_write_module, module, args)
+        if args.report_overlay:
+            overlays = _overlays(module, report, name)
     outputs.set_data("-o", out)
     if args.report:
         outputs.set_data("--report", (report.dumps() if args.report_format == "json"
                                       else report.table()).encode())
     if args.report_params:
         outputs.set_data("--report-params", report.params_npz())
+    if overlays is not None:
+        outputs.set_data("--report-overlay", overlays[0])
+        outputs.set_data(OVERLAY_OUTPUT, overlays[1])
     outputs.write_all()
     if not args.quiet:
         elapsed = time.perf_counter() - start
@@ -250,7 +269,32 @@ def _outputs(args: argparse.Namespace) -> Outputs:
         outputs.add("--report", args.report, b"")
     if args.report_params:
         outputs.add("--report-params", args.report_params, b"")
+    if args.report_overlay:
+        outputs.add("--report-overlay", args.report_overlay, b"")
+        outputs.add(OVERLAY_OUTPUT, overlay_output_path(args.report_overlay), b"")
     return outputs
+
+
+OVERLAY_OUTPUT = "--report-overlay (output graph)"
+
+
+def overlay_output_path(path: str) -> str:
+    """FILE.json -> FILE.output.json (the output graph's node data)."""
+    stem, dot, ext = path.rpartition(".")
+    return f"{stem}.output.{ext}" if dot and "/" not in ext else f"{path}.output.json"
+
+
+def _overlays(folded: Folded, report: Report, name: str) -> tuple[bytes, bytes]:
+    """Model Explorer node data of the input and of the output graph."""
+    from bnfold import overlay
+
+    with folded.context:
+        after = overlay.output_overlay(folded.module, report, name)
+    return _json(overlay.input_overlay(report)), _json(after)
+
+
+def _json(data: Any) -> bytes:
+    return (json.dumps(data, indent=1) + "\n").encode()
 
 
 def _write_module(folded: Folded, args: argparse.Namespace, file: BinaryIO) -> None:
@@ -275,7 +319,8 @@ def _process(args: argparse.Namespace, options: FoldOptions, name: str,
         folded = fold_source(data, path=path, name=name, options=options, bindings=bound,
                              bind_function=args.bind_func,
                              allow_unregistered=args.allow_unregistered_dialect,
-                             pass_pipeline=args.pass_pipeline)
+                             pass_pipeline=args.pass_pipeline,
+                             graph_nodes=bool(args.report_overlay))
     except BnfoldError as e:
         print(str(e), file=sys.stderr)
         return None

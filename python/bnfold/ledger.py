@@ -38,8 +38,10 @@ def op_key(op: ir.Operation) -> int:
 class Ledger:
     """Decisions of one pass over one module."""
 
-    def __init__(self, source_name: str | None = None) -> None:
+    def __init__(self, source_name: str | None = None,
+                 nodes: dict[int, tuple[str, str]] | None = None) -> None:
         self._source_name = source_name
+        self._nodes = nodes or {}  # op key -> Model Explorer node of the input (bnfold.overlay)
         self._folds: list[Fold] = []
         self._folded: set[int] = set()
         self._refusals: dict[int, Skip] = {}
@@ -63,6 +65,8 @@ class Ledger:
             key = op_key(op)
             if key not in self._folded:
                 fold.ops.append(op.name)
+                if key in self._nodes:
+                    fold.nodes.append(self._nodes[key])
             self._folded.add(key)
             self._refusals.pop(key, None)
 
@@ -71,7 +75,8 @@ class Ledger:
         if key in self._folded or key in self._refusals:
             return
         op = refusal.op
-        self._refusals[key] = Skip(self.location(op), op.name, refusal.reason, function_name(op))
+        self._refusals[key] = Skip(self.location(op), op.name, refusal.reason, function_name(op),
+                                   [self._nodes[key]] if key in self._nodes else [])
 
     def is_folded(self, op: ir.Operation) -> bool:
         return op_key(op) in self._folded

@@ -27,7 +27,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bnfold import affine, chains, elements
+from bnfold import affine, chains, elements, overlay
 from bnfold.affine import Analysis, Step
 from bnfold.binding import bind_arguments
 from bnfold.cleanup import remove_dead_ops
@@ -108,7 +108,7 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
                 name: str = "<input>", options: FoldOptions | None = None,
                 bindings: Bindings | None = None,
                 bind_function: str = "main", allow_unregistered: bool = False,
-                pass_pipeline: str | None = None) -> Folded:
+                pass_pipeline: str | None = None, graph_nodes: bool = False) -> Folded:
     """The one pipeline: parse -> bind -> fold -> verify (-> report, write by the caller).
 
     Reads `data` (text, bytecode or a portable artifact) or the file at
@@ -131,7 +131,7 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
         if values:
             bind_arguments(module, values, function=bind_function, source_name=name)
         if pass_pipeline is None:
-            report = fold_module(module, options, source_name=name)
+            report = fold_module(module, options, source_name=name, graph_nodes=graph_nodes)
         else:  # bnfold's passes and MLIR's, as the pipeline says
             from bnfold.passes import run_pipeline
 
@@ -140,11 +140,14 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
 
 
 def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
-                source_name: str | None = None, cleanup: bool = True) -> Report:
+                source_name: str | None = None, cleanup: bool = True,
+                graph_nodes: bool = False) -> Report:
     """Folds normalizations in `module` in place and returns the report.
 
     `cleanup=False` leaves the dead producers and chains in place (for
-    debugging and for tests of the rewrite rules). Raises `BnfoldError` if
+    debugging and for tests of the rewrite rules). `graph_nodes` records, on
+    each fold and skip, the Model Explorer nodes of its ops in the input (for
+    `bnfold.overlay`; one more walk of the module). Raises `BnfoldError` if
     the module does not verify afterwards (a bnfold bug: please file the
     reproducer).
     """
@@ -154,7 +157,7 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
         return [f for f in module_functions(module) if symbol_name(f) not in options.skip_functions]
 
     funcs = selected()
-    ledger = Ledger(source_name)
+    ledger = Ledger(source_name, overlay.node_ids(module) if graph_nodes else None)
     with module.context, ir.Location.unknown():
         if options.enabled(inline_calls.NAME):
             changed, ledger.inlined = inline_calls.run(

@@ -42,6 +42,9 @@ class Fold:
     # "affine" (another per-channel step, e.g. a mean-pool's divide folded forward)
     kind: str = "normalization"
     note: str = ""  # what stayed of the normalization, if anything (and why)
+    # Model Explorer nodes (graph, node id) of the folded ops in the input, when
+    # recorded (see `bnfold.overlay`).
+    nodes: list[tuple[str, str]] = field(default_factory=list, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +62,7 @@ class Skip:
     op_name: str
     reason: str
     function: str
+    nodes: list[tuple[str, str]] = field(default_factory=list, repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "op_name": self.op_name, "reason": self.reason,

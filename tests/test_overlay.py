@@ -1,0 +1,121 @@
+"""Model Explorer node data (`bnfold-opt --report-overlay`, bnfold.overlay)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import bnfold
+import support
+from bnfold import ir as bir
+from bnfold import overlay
+from bnfold.cli import main, overlay_output_path
+
+# One batch norm folds (after the convolution); the other normalizes a function
+# argument, so nothing can absorb it.
+MODULE = """
+func.func @main(%x: tensor<1x4x4x2xf32>, %y: tensor<1x4x4x2xf32>) -> (tensor<1x4x4x2xf32>, tensor<1x4x4x2xf32>) {
+  %k = stablehlo.constant dense<0.5> : tensor<1x1x2x2xf32>
+  %s = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %t = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %c = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x4x4x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x4x4x2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x4x4x2xf32>
+  %tb = stablehlo.broadcast_in_dim %t, dims = [3] : (tensor<2xf32>) -> tensor<1x4x4x2xf32>
+  %m = stablehlo.multiply %c, %sb : tensor<1x4x4x2xf32>
+  %a = stablehlo.add %m, %tb : tensor<1x4x4x2xf32>
+  %m2 = stablehlo.multiply %y, %sb : tensor<1x4x4x2xf32>
+  %a2 = stablehlo.add %m2, %tb : tensor<1x4x4x2xf32>
+  return %a, %a2 : tensor<1x4x4x2xf32>, tensor<1x4x4x2xf32>
+}
+"""
+
+
+def _ops(text: str) -> dict[tuple[str, str], str]:
+    """(graph, node id) -> op name, by bnfold.overlay.node_ids."""
+    context, module = support.parse(text)
+    names: dict[int, str] = {}
+
+    def visit(op):
+        names[bir.op_id(op.operation)] = op.operation.name
+        return bir.ir.WalkResult.ADVANCE
+
+    with context:
+        module.operation.walk(visit)
+        return {ref: names[key] for key, ref in overlay.node_ids(module).items()}
+
+
+def test_input_overlay_marks_folded_and_skipped_ops_with_reasons(tmp_path: Path):
+    src = tmp_path / "model.mlir"
+    src.write_text(MODULE)
+    out, data = tmp_path / "folded.mlir", tmp_path / "folds.json"
+    assert main([str(src), "-o", str(out), "--report-overlay", str(data)]) == 0
+    before = json.loads(data.read_text())["main"]
+    assert before["name"] == "bnfold"
+    ops = _ops(MODULE)
+    marked = {node: entry for node, entry in before["results"].items()}
+    folded = {n: e for n, e in marked.items() if e["bgColor"] == overlay.FOLDED}
+    skipped = {n: e for n, e in marked.items() if e["bgColor"] == overlay.SKIPPED}
+    # The first multiply and add folded into the convolution (fold0) ...
+    assert sorted(ops[("main", n)] for n in folded) == ["stablehlo.add", "stablehlo.multiply"]
+    assert all("fold0" in e["value"] and "stablehlo.convolution" in e["value"]
+               for e in folded.values())
+    # ... the second normalization names its reason.
+    assert [ops[("main", n)] for n in skipped] == ["stablehlo.multiply"]
+    (reason,) = skipped.values()
+    assert reason["value"].startswith("not folded: ") and "argument" in reason["value"]
+    after = json.loads((tmp_path / "folds.output.json").read_text())["main"]["results"]
+    folded_ops = _ops(out.read_text())
+    assert [(folded_ops[("main", n)], e["value"]) for n, e in after.items()] == \
+        [("stablehlo.convolution", "absorbed fold0")]
+
+
+def test_report_overlay_needs_a_file(tmp_path: Path):
+    src = tmp_path / "model.mlir"
+    src.write_text(MODULE)
+    assert main([str(src), "-o", str(tmp_path / "o.mlir"), "--report-overlay", "-"]) == 1
+    assert main([str(src), "--split-input-file", "-o", str(tmp_path / "o.mlir"),
+                 "--report-overlay", str(tmp_path / "x.json")]) == 1
+
+
+def test_overlay_output_path():
+    assert overlay_output_path("a/folds.json") == "a/folds.output.json"
+    assert overlay_output_path("folds") == "folds.output.json"
+    assert overlay_output_path("dir.d/folds") == "dir.d/folds.output.json"
+
+
+def test_graph_nodes_are_recorded_only_on_request():
+    folded = bnfold.fold_source(MODULE)
+    assert all(not f.nodes for f in folded.report.folds)
+    folded = bnfold.fold_source(MODULE, graph_nodes=True)
+    assert folded.report.folds[0].nodes and folded.report.skipped[0].nodes
+
+
+ADAPTER_CASES = ["models/deployment_flax_resnet18_multiplatform_nhwc.mlir",  # case regions
+                 "models/deployment_jax_jit_conv_helper_nhwc.mlir",  # private functions
+                 "models/keras_efficientnet_stem_nhwc.mlir",  # name locations
+                 "models/torchax_resnet_nchw.mlir", "conv2d_nhwc_bn.mlir"]
+
+
+@pytest.mark.parametrize("name", ADAPTER_CASES)
+def test_node_ids_match_the_model_explorer_adapter(name):
+    """Every op's node id is the one Model Explorer's MLIR adapter gives it
+    (skipped without the `viz` extra)."""
+    adapter = pytest.importorskip("model_explorer.builtin_mlir_adapter")
+    path = support.TESTDATA / name
+    graphs = adapter.BuiltinMlirAdapter().convert(str(path), {})["graphCollections"]
+    labels: dict[tuple[str, str], str] = {}
+    for collection in graphs:
+        for graph in _get(collection, "graphs"):
+            for node in _get(graph, "nodes"):
+                labels[(_get(graph, "id"), _get(node, "id"))] = _get(node, "label")
+    ours = _ops(path.read_text())
+    assert ours, name
+    for ref, op_name in ours.items():
+        expected = "Outputs" if op_name in ("func.return", "stablehlo.return") else op_name
+        assert labels.get(ref) == expected, (ref, op_name, labels.get(ref))
+
+
+def _get(obj, key):
+    return obj[key] if isinstance(obj, dict) else getattr(obj, key)
