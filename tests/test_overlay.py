@@ -119,3 +119,69 @@ def test_node_ids_match_the_model_explorer_adapter(name):
 
 def _get(obj, key):
     return obj[key] if isinstance(obj, dict) else getattr(obj, key)
+
+
+def test_viz_prepare_writes_both_models_and_their_node_data(tmp_path: Path):
+    from bnfold import viz
+
+    src = tmp_path / "model.mlir"
+    src.write_text(MODULE)
+    view = viz.prepare(src, tmp_path / "view")
+    assert view.input.read_text() == MODULE
+    assert "stablehlo.convolution" in view.output.read_text()
+    before = json.loads(view.input_overlay.read_text())["main"]["results"]
+    after = json.loads(view.output_overlay.read_text())["main"]["results"]
+    assert len(before) == 3 and list(after.values())[0]["value"] == "absorbed fold0"
+
+
+def test_visualize_without_the_extra_is_a_clear_error(tmp_path: Path, monkeypatch, capsys):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_model_explorer(name, *args, **kwargs):
+        if name == "model_explorer":
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_model_explorer)
+    src = tmp_path / "model.mlir"
+    src.write_text(MODULE)
+    assert main([str(src), "-o", str(tmp_path / "o.mlir"), "--visualize"]) == 1
+    assert "bnfold[viz]" in capsys.readouterr().err
+    assert not (tmp_path / "o.mlir").exists()  # checked before any work
+
+
+def test_visualize_serves_the_input_and_the_folded_module(tmp_path: Path):
+    """`bnfold-opt --visualize` starts Model Explorer on localhost with both
+    models and their node data (skipped without the `viz` extra)."""
+    pytest.importorskip("model_explorer")
+    import socket
+    import subprocess
+    import sys
+    import urllib.parse
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        port = s.getsockname()[1]
+    src = tmp_path / "model.mlir"
+    src.write_text(MODULE)
+    server = subprocess.Popen([sys.executable, "-m", "bnfold", str(src), "-o", str(tmp_path / "o.mlir"),
+                               "--visualize", "--visualize-port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert server.stdout is not None
+        url = next((line.strip() for line in server.stdout if line.startswith("http://")), None)
+        assert url is not None, server.stderr.read() if server.stderr else ""
+        with urllib.request.urlopen(url, timeout=30) as page:
+            assert page.status == 200
+        data = json.loads(urllib.parse.unquote(url.split("data=", 1)[1]))
+        models = [Path(m["url"]) for m in data["models"]]
+        assert [m.name for m in models] == ["model.input.mlir", "model.folded.mlir"]
+        assert data["nodeDataTargets"] == [m.name for m in models]
+        overlays = [json.loads(Path(p).read_text()) for p in data["nodeData"]]
+        assert overlays[0]["main"]["results"] and overlays[1]["main"]["results"]
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

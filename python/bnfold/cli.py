@@ -39,6 +39,7 @@ examples:
   bnfold-opt exported.bin --emit portable -o folded.bin   (jax.export artifacts)
   bnfold-opt model.mlir --report report.json --report-params stats.npz
   bnfold-opt model.mlir -o folded.mlir --report-overlay folds.json   (Model Explorer node data)
+  bnfold-opt model.mlir -o folded.mlir --visualize     (both graphs in Model Explorer; bnfold[viz])
   bnfold-opt model.mlir --bind-params params.npz          (fold parameters passed as arguments)
   bnfold-opt model.mlir --disable forward-affine --skip-func encoder
   cat model.mlir | bnfold-opt - --expand-batch-norm > expanded.mlir
@@ -91,6 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                              "(each normalization op folded, into what, or not, and why) and "
                              "FILE.output.json for the output graph (each producer that absorbed "
                              "folds); load them as node data next to the two modules")
+    parser.add_argument("--visualize", action="store_true",
+                        help="after writing the outputs, show the input and the folded module "
+                             "with the overlay in Model Explorer's local server (needs the "
+                             "'bnfold[viz]' extra); prints the URL, Ctrl+C stops")
+    parser.add_argument("--visualize-port", type=int, default=8080, metavar="PORT",
+                        help="port of the --visualize server on localhost (default: 8080)")
     parser.add_argument("--bind-params", metavar="FILE.npz",
                         help="bind function arguments to these arrays before folding; keys are "
                              "argN or argument names (jax.arg_info / loc names); bound arguments "
@@ -212,6 +219,14 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.report_overlay and args.split_input_file:
         raise BnfoldError("--report-overlay describes one module; it does not work with "
                           "--split-input-file")
+    if args.visualize and (args.input == "-" or args.split_input_file or args.bind_params
+                           or args.pass_pipeline):
+        raise BnfoldError("--visualize needs an input file and the default pipeline (no "
+                          "stdin, --split-input-file, --bind-params or --pass-pipeline)")
+    if args.visualize:
+        from bnfold import viz
+
+        viz.check_installed()  # before any work
     if args.report_overlay == "-":
         raise BnfoldError("--report-overlay writes two files (FILE.json and FILE.output.json); "
                           "give it a file name, not '-'")
@@ -259,7 +274,19 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"{PROG}: {name}: {report.summary()} in {elapsed:.2f} s", file=sys.stderr)
+    if args.visualize:
+        _visualize(args, options)
     return 0
+
+
+def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
+    from bnfold import viz
+
+    view = viz.prepare(args.input, options=options)
+    print(f"{PROG}: Model Explorer: input {view.input.name}, output {view.output.name}, node data "
+          f"'bnfold' on each (files in {view.input.parent})", file=sys.stderr)
+    sys.stderr.flush()
+    viz.serve(view, port=args.visualize_port)
 
 
 def _outputs(args: argparse.Namespace) -> Outputs:

@@ -1,0 +1,71 @@
+#!/usr/bin/env python3
+"""Screenshot of `bnfold-opt --visualize` (the README's Model Explorer picture).
+
+Runs `python -m bnfold IN -o OUT --visualize` (needs the `bnfold[viz]` extra),
+waits for the URL it prints, opens it in headless Chromium through Playwright
+and saves a PNG of the input graph with bnfold's node data applied (folded
+normalization ops green, ops that did not fold red).
+
+    pip install playwright            # the Python driver only; the browser is Debian's
+    apt-get install chromium          # /usr/bin/chromium
+    python tools/screenshot_viz.py model.mlir shot.png [--port 8124] [--wait 15]
+
+The README's picture: a Keras DenseNet121 prefix up to conv2_block2_concat
+(`keras.applications.DenseNet121(weights=None, include_top=False,
+input_shape=(32, 32, 3))`, lowered with jax.jit), where the pre-activation batch
+norms after the pooling and the concatenate cannot fold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("module", type=Path)
+    parser.add_argument("png", type=Path)
+    parser.add_argument("--port", type=int, default=8124)
+    parser.add_argument("--wait", type=float, default=15.0,
+                        help="seconds for Model Explorer to convert and lay out the graph")
+    parser.add_argument("--chromium", default="/usr/bin/chromium")
+    args = parser.parse_args(argv)
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "bnfold", str(args.module), "-o", f"{tmp}/folded.mlir",
+             "--visualize", "--visualize-port", str(args.port)],
+            stdout=subprocess.PIPE, text=True)
+        try:
+            url = _url(server)
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=args.chromium,
+                                            args=["--no-sandbox", "--enable-unsafe-swiftshader"])
+                page = browser.new_page(viewport={"width": 1600, "height": 1000})
+                page.goto(url)
+                time.sleep(args.wait)
+                page.screenshot(path=str(args.png))
+                browser.close()
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    print(f"wrote {args.png}")
+    return 0
+
+
+def _url(server: subprocess.Popen[str]) -> str:
+    assert server.stdout is not None
+    for line in server.stdout:
+        if line.startswith("http://"):
+            return line.strip()
+    raise SystemExit(f"bnfold-opt --visualize exited ({server.wait()}) without a URL")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
