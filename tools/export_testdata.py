@@ -119,6 +119,9 @@ class Case:
     # The model starts with an input normalization before a zero-padded convolution
     # (manifest "input_normalization": it must fold forward into that convolution).
     input_normalization: bool = False
+    # Batch norms that cannot fold (pre-activation: nothing linear next to them);
+    # the manifest's "unfoldable": each must be reported with a reason.
+    unfoldable: int = 0
 
     @property
     def file(self) -> str:
@@ -835,7 +838,8 @@ def keras_cases() -> Iterator[Case]:
         c = mean.shape
         return (mean + st.mean(c) * np.sqrt(var)).astype(np.float32), (var * st.var(c)).astype(np.float32)
 
-    def make(name, build, in_shape, layout, form, desc, calibrated=False, input_normalization=False):
+    def make(name, build, in_shape, layout, form, desc, calibrated=False, input_normalization=False,
+             unfoldable=0):
         st = Stats(f"{fw}/{name}")
         keras.utils.set_random_seed(zlib.crc32(name.encode()) & 0xFFFF)
         model = build()
@@ -874,6 +878,7 @@ def keras_cases() -> Iterator[Case]:
             np_out(fn(jnp.asarray(x))),
             rtol=5e-5 if calibrated else RTOL,
             input_normalization=input_normalization,
+            unfoldable=unfoldable,
         )
 
     def seq(in_shape, layer_list):
@@ -1021,6 +1026,19 @@ def keras_cases() -> Iterator[Case]:
         "calibrated on random inputs, then perturbed",
         calibrated=True,
         input_normalization=True,
+    )
+    yield make(
+        "densenet121_block_nhwc",
+        prefix(keras.applications.DenseNet121, "conv2_block2_concat"),
+        (1, 32, 32, 3),
+        "NHWC",
+        "lower",
+        "keras.applications.DenseNet121(weights=None, include_top=False) up to conv2_block2_concat: "
+        "stem conv + BN, max pool, then two dense-block layers whose first batch norms are "
+        "pre-activation (after the max pool, after the concatenate, each feeding a ReLU): those two "
+        "cannot fold and must be reported with a reason; running stats calibrated, then perturbed",
+        calibrated=True,
+        unfoldable=2,
     )
     yield make(
         "mobilenetv3_stem_nhwc",
@@ -1448,6 +1466,7 @@ def manifest_entry(case: Case, output_shape) -> dict:
         "dtype": case.dtype,
         "description": case.description,
         **({"input_normalization": True} if case.input_normalization else {}),
+        **({"unfoldable": case.unfoldable} if case.unfoldable else {}),
     }
 
 

@@ -10,10 +10,13 @@ normalization ops green, ops that did not fold red).
     apt-get install chromium          # /usr/bin/chromium
     python tools/screenshot_viz.py model.mlir shot.png [--port 8124] [--wait 15]
 
-The README's picture: a Keras DenseNet121 prefix up to conv2_block2_concat
-(`keras.applications.DenseNet121(weights=None, include_top=False,
-input_shape=(32, 32, 3))`, lowered with jax.jit), where the pre-activation batch
-norms after the pooling and the concatenate cannot fold.
+The README's picture:
+
+    python tools/screenshot_viz.py testdata/models/keras_densenet121_block_nhwc.mlir \
+        tools/screenshots/model-explorer-densenet121.png
+
+a Keras DenseNet121 prefix up to conv2_block2_concat, where the pre-activation
+batch norms after the pooling and the concatenate cannot fold.
 """
 
 from __future__ import annotations

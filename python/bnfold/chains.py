@@ -134,4 +134,7 @@ def downstream_reason(chain: Chain) -> str:
         return "forward: it feeds the kernel operand, not the activation"
     if producers.is_producer(user):
         return f"forward: the chain before the {user.name.removeprefix('stablehlo.')} cannot fold into it"
+    if user.name == "func.call":
+        callee = ir.FlatSymbolRefAttr(user.attributes["callee"]).value
+        return f"forward: it feeds func.call @{callee}, which is not linear"
     return f"forward: it feeds {user.name}, which is not linear"
