@@ -2,9 +2,10 @@
 """Screenshot of `bnfold-opt --visualize` (the README's Model Explorer picture).
 
 Runs `python -m bnfold IN -o OUT --visualize` (needs the `bnfold[viz]` extra),
-waits for the URL it prints, opens it in headless Chromium through Playwright
-and saves a PNG of the input graph with bnfold's node data applied (folded
-normalization ops green, ops that did not fold red).
+waits for the URL it prints, opens it in headless Chromium through Playwright,
+opens the folded module in a split pane next to the input and saves a PNG:
+the input graph with bnfold's node data applied (folded normalization ops
+green, ops that did not fold red) and the folded graph beside it.
 
     pip install playwright            # the Python driver only; the browser is Debian's
     apt-get install chromium          # /usr/bin/chromium
@@ -27,6 +28,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--wait", type=float, default=15.0,
                         help="seconds for Model Explorer to convert and lay out the graph")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
+    parser.add_argument("--single", action="store_true",
+                        help="only the input graph (default: input and output side by side)")
     args = parser.parse_args(argv)
     from playwright.sync_api import sync_playwright
 
@@ -50,9 +54,11 @@ def main(argv: list[str] | None = None) -> int:
             with sync_playwright() as p:
                 browser = p.chromium.launch(executable_path=args.chromium,
                                             args=["--no-sandbox", "--enable-unsafe-swiftshader"])
-                page = browser.new_page(viewport={"width": 1600, "height": 1000})
+                page = browser.new_page(viewport={"width": 1800, "height": 1000})
                 page.goto(url)
                 time.sleep(args.wait)
+                if not args.single:
+                    _open_output_in_split_pane(page, args.wait)
                 page.screenshot(path=str(args.png))
                 browser.close()
         finally:
@@ -60,6 +66,17 @@ def main(argv: list[str] | None = None) -> int:
             server.wait(timeout=30)
     print(f"wrote {args.png}")
     return 0
+
+
+def _open_output_in_split_pane(page: Any, wait: float) -> None:
+    """Graph selector -> the folded module's `main (2)` row -> its split-pane icon
+    (the last thing on the row, at the selector panel's right edge)."""
+    page.get_by_text(" nodes").first.click()
+    time.sleep(1.5)
+    panel = page.get_by_placeholder("Filter graphs").bounding_box()
+    row = page.get_by_text("main (2)").first.bounding_box()
+    page.mouse.click(panel["x"] + panel["width"] - 10, row["y"] + row["height"] / 2)
+    time.sleep(wait)
 
 
 def _url(server: subprocess.Popen[str]) -> str:
