@@ -32,6 +32,7 @@ random examples per property test).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import Counter
 
@@ -332,7 +333,8 @@ def xla_miscomputes_original(text: str, folded: str, inputs: list[np.ndarray],
     try:
         reference = numerics.interpret(desugar_negative_padding(text), inputs)
         folded_reference = numerics.interpret(desugar_negative_padding(folded), inputs)
-    except numerics.InterpreterCrash:
+    except numerics.InterpreterCrash as e:
+        note(f"the reference interpreter could not decide: {e}")
         return False
     numerics.check_close(folded_reference, reference, dtype)
     numerics.check_close(actual, folded_reference, dtype)
@@ -1048,3 +1050,27 @@ def test_regression_ill_conditioned_f32_forward_fold_is_judged_against_float64(c
     relative: both are f32 roundings of the same value. The property then checks the
     contract instead (no less accurate than the original against float64)."""
     check_case(case)
+
+
+XLA_REVERSAL_CASE = modgen.Case(
+    dtype="f32",
+    producer=modgen.Conv(batch=4, in_features=1, out_features=1, feature_groups=1, batch_groups=1,
+                         spatial=(modgen.Spatial(size=1, window=2, stride=1, pad_lo=0, pad_hi=1,
+                                                 lhs_dilation=1, rhs_dilation=1, reverse=True),),
+                         in_layout=("b", "f", "0"), kernel_layout=("i", "o", "0"),
+                         out_layout=("b", "f", "0"), explicit_pad=True),
+    direction="forward", post=None,
+    pre=modgen.ChainSpec(form="bn", eps=1e-05, zero_shift=False, wrap="none", const_style="vec",
+                         swap=False),
+    bias=False, variant="producer_multiuse", variant_pos=0, wrong_axis=None, seed=0,
+    kernel_style="const", first_in_features=1)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+@settings(max_examples=1)
+@given(st.just(XLA_REVERSAL_CASE))
+def test_regression_xla_drops_the_reversal_of_the_unfolded_convolution(dtype, case):
+    """The thorough run's explicit pad before a reversed 2-tap window over a 1-wide
+    input: XLA CPU computes the unfolded module wrong (see
+    test_xla_reversed_whole_window_convolution); the fold is right by the interpreter."""
+    check_case(dataclasses.replace(case, dtype=dtype))
