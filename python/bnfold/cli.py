@@ -41,6 +41,7 @@ examples:
   bnfold-opt model.mlir -o folded.mlir --report-overlay folds.json   (Model Explorer node data)
   bnfold-opt model.mlir -o folded.mlir --visualize     (both graphs in Model Explorer; bnfold[viz])
   bnfold-opt model.mlir --bind-params params.npz          (fold parameters passed as arguments)
+  bnfold-opt model.mlir -o eq.mlir --equalize --report-params scales.npz  (for int8 weights)
   bnfold-opt model.mlir --disable forward-affine --skip-func encoder
   cat model.mlir | bnfold-opt - --expand-batch-norm > expanded.mlir
 """
@@ -122,6 +123,14 @@ def build_parser() -> argparse.ArgumentParser:
                              "convolution's zero padding with an explicit stablehlo.pad "
                              "(default: an exact border correction added to the output, "
                              "which XLA CPU runs faster)")
+    parser.add_argument("--equalize", action="store_true",
+                        help="after folding, equalize the weight ranges of consecutive "
+                             "layers (cross-layer equalization, for per-tensor int8 weights; "
+                             "the function is unchanged; ReLU6 becomes a per-channel clamp)")
+    parser.add_argument("--absorb-high-bias", action="store_true",
+                        help="with --equalize: move the part of layer 1's bias that the "
+                             "activation almost surely passes (beta - 3*gamma of its batch "
+                             "norm) into layer 2's bias (approximate; see the report)")
     parser.add_argument("--split-input-file", action="store_true",
                         help="treat '// -----' lines as separators of independent modules; a "
                              "bad chunk is reported with its line, the others are still "
@@ -191,9 +200,11 @@ def _options(args: argparse.Namespace) -> FoldOptions:
     try:
         return FoldOptions(disable=args.disable, skip_functions=frozenset(args.skip_func),
                            expand_batch_norm=args.expand_batch_norm,
-                           pad_uniform_shift=args.pad_uniform_shift)
+                           pad_uniform_shift=args.pad_uniform_shift,
+                           equalize=args.equalize, absorb_high_bias=args.absorb_high_bias)
     except BnfoldError as e:
-        raise BnfoldError(e.message, location="--disable") from None
+        raise BnfoldError(e.message, location="--disable" if args.disable else
+                          "--absorb-high-bias") from None
 
 
 def _read(path: str) -> bytes:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from bnfold.graph import function_name
 from bnfold.ir import format_location, ir, op_id
-from bnfold.report import Fold, Report, Skip
+from bnfold.report import Equalized, Fold, Report, Skip
 
 
 @dataclass(frozen=True)
@@ -48,6 +48,11 @@ class Ledger:
         self.expanded = 0
         self.inlined: list[str] = []
         self.changed_functions: set[str] = set()
+        self.equalize = False
+        # new producer (op key) -> the backward fold it absorbed (its statistics)
+        self.producer_folds: dict[int, Fold] = {}
+        self.equalized: list[Equalized] = []
+        self._not_equalized: list[Skip] = []
 
     def location(self, op: ir.Operation) -> str:
         return format_location(op.location, self._source_name)
@@ -78,6 +83,12 @@ class Ledger:
         self._refusals[key] = Skip(self.location(op), op.name, refusal.reason, function_name(op),
                                    [self._nodes[key]] if key in self._nodes else [])
 
+    def refuse_equalization(self, op: ir.Operation, reason: str) -> None:
+        """Layer 1 `op` was not equalized with the layer after it, because `reason`."""
+        key = op_key(op)
+        self._not_equalized.append(Skip(self.location(op), op.name, reason, function_name(op),
+                                        [self._nodes[key]] if key in self._nodes else []))
+
     def is_folded(self, op: ir.Operation) -> bool:
         return op_key(op) in self._folded
 
@@ -87,4 +98,6 @@ class Ledger:
 
     def report(self) -> Report:
         return Report(folds=list(self._folds), skipped=list(self._refusals.values()),
-                      expanded=self.expanded, inlined=list(self.inlined))
+                      expanded=self.expanded, inlined=list(self.inlined),
+                      equalized=list(self.equalized), not_equalized=list(self._not_equalized),
+                      equalize=self.equalize)

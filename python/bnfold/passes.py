@@ -34,6 +34,8 @@ from bnfold.report import Report
 PASSES = {
     "bnfold-fold": "fold batch normalization (every spelling) into convolutions and dot_generals",
     "bnfold-expand-batch-norm": "rewrite every batch_norm_inference as multiply + add",
+    "bnfold-equalize": "fold, then equalize the weight ranges of consecutive layers "
+                       "(cross-layer equalization; option absorb-high-bias=true)",
 }
 UPSTREAM_EXAMPLES = ("canonicalize", "cse", "symbol-dce", "sccp", "inline",
                      "stablehlo-refine-shapes", "stablehlo-legalize-to-vhlo")
@@ -153,6 +155,8 @@ def _name_and_options(element: str) -> tuple[str, dict[str, str]]:
 
 def _fold_options(name: str, options: dict[str, str]) -> FoldOptions:
     known = {"disable", "skip-func", "expand-batch-norm", "pad-uniform-shift"}
+    if name == "bnfold-equalize":
+        known.add("absorb-high-bias")
     unknown = sorted(set(options) - known)
     if unknown:
         raise BnfoldError(f"{name} has no option {', '.join(unknown)}; its options: "
@@ -163,7 +167,7 @@ def _fold_options(name: str, options: dict[str, str]) -> FoldOptions:
         return FoldOptions(disable=set(pattern_names()) - {"expand-batch-norm"},
                            expand_batch_norm=True)
     flags = {}
-    for key in ("expand-batch-norm", "pad-uniform-shift"):
+    for key in ("expand-batch-norm", "pad-uniform-shift", "absorb-high-bias"):
         flag = options.get(key, "false").lower()
         if flag not in ("true", "false", "1", "0"):
             raise BnfoldError(f"{key}={flag} is not true or false", location="--pass-pipeline")
@@ -172,7 +176,9 @@ def _fold_options(name: str, options: dict[str, str]) -> FoldOptions:
         return FoldOptions(disable=options.get("disable", ""),
                            skip_functions=options.get("skip-func", ""),
                            expand_batch_norm=flags["expand-batch-norm"],
-                           pad_uniform_shift=flags["pad-uniform-shift"])
+                           pad_uniform_shift=flags["pad-uniform-shift"],
+                           equalize=name == "bnfold-equalize",
+                           absorb_high_bias=flags["absorb-high-bias"])
     except BnfoldError as e:
         raise BnfoldError(f"{name}: {e.message}", location="--pass-pipeline") from None
 

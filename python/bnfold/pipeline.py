@@ -11,6 +11,9 @@
                  zero padding folds as an exact border correction, or stays
                  as one add before the producer when that is refused)
     expand       opt-in: remaining batch_norm_inference -> multiply + add
+    equalize     opt-in: cross-layer equalization of the folded layers
+                 (patterns.equalize; after a cleanup, so dead users of the
+                 old producers are not mistaken for fan-out)
     explain      every chain that looks like a normalization and did not fold
                  gets one reason, from the attempts above or from its
                  neighbours (what feeds it, what it feeds)
@@ -27,7 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bnfold import affine, chains, elements, overlay
+from bnfold import affine, chains, elements, overlay, statistics
 from bnfold.affine import Analysis, Step
 from bnfold.binding import bind_arguments
 from bnfold.cleanup import remove_dead_ops
@@ -37,8 +40,16 @@ from bnfold.graph import function_name, is_dead, symbol_name
 from bnfold.graph import functions as module_functions
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger, Refusal, op_key
-from bnfold.patterns import PATTERNS, backward_affine, expand_batch_norm, forward_affine, inline_calls
-from bnfold.report import Fold, Report
+from bnfold.patterns import (
+    PATTERNS,
+    backward_affine,
+    equalize,
+    expand_batch_norm,
+    forward_affine,
+    high_bias,
+    inline_calls,
+)
+from bnfold.report import Equalized, Fold, Report
 
 PASS_NAME = "bnfold"
 Bindings = Mapping[str | int, Any] | Callable[[ir.Module], Mapping[str | int, Any]]
@@ -59,6 +70,13 @@ class FoldOptions:
         `stablehlo.pad` instead of adding the exact border correction. Off by
         default: XLA CPU runs that form 1.1-1.7x slower than the original stem,
         while the border correction runs as fast as the original.
+    equalize: after folding, equalize the per-channel weight ranges of
+        consecutive layers (cross-layer equalization, for per-tensor int8
+        weights); the function is unchanged within the dtype's rounding.
+    absorb_high_bias: with `equalize`, high-bias absorption: the part of a
+        layer's bias that its ReLU/clamp almost surely passes (beta - 3*gamma,
+        from the folded batch norm's statistics) moves into the next layer's
+        bias. Approximate by nature; the report estimates the change.
     """
 
     # Any collection of names, or one comma-separated string; stored as frozensets.
@@ -66,8 +84,13 @@ class FoldOptions:
     skip_functions: Collection[str] = field(default_factory=frozenset)
     expand_batch_norm: bool = False
     pad_uniform_shift: bool = False
+    equalize: bool = False
+    absorb_high_bias: bool = False
 
     def __post_init__(self) -> None:
+        if self.absorb_high_bias and not self.equalize:
+            raise BnfoldError("absorb_high_bias (--absorb-high-bias) runs after equalization: "
+                              "enable equalize (--equalize) too")
         object.__setattr__(self, "disable", _names(self.disable))
         object.__setattr__(self, "skip_functions", _names(self.skip_functions))
         unknown = sorted(set(self.disable) - set(pattern_names()))
@@ -169,6 +192,10 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
         if options.enabled(expand_batch_norm.NAME):
             changed, ledger.expanded = expand_batch_norm.run(funcs, evaluator)
             ledger.changed_functions |= changed
+        if options.equalize:
+            if ledger.changed_functions:
+                remove_dead_ops(module, ledger.changed_functions)
+            _equalize(module, selected(), ledger, options.absorb_high_bias)
         if cleanup and ledger.changed_functions:
             remove_dead_ops(module, ledger.changed_functions)
         try:
@@ -224,9 +251,14 @@ class _Pass:
             self._note(list(chain.steps), backward=plan)
             return {}
         norm, replaced = backward_affine.apply(plan)
-        self.ledger.fold(_fold_record(self.ledger, source.leaves[0], norm, plan.affine,
-                                      "backward", plan.kernel_rounding, list(plan.steps)),
-                         [s.op for s in plan.steps])
+        fold = self.ledger.fold(_fold_record(self.ledger, source.leaves[0], norm, plan.affine,
+                                             "backward", plan.kernel_rounding, list(plan.steps)),
+                                [s.op for s in plan.steps])
+        if "gamma" not in fold.params and fold.kind == "normalization":
+            fold.params.update(statistics.recover(list(plan.steps), plan.affine,
+                                                  self.analysis.evaluator) or {})
+        for producer in replaced.values():
+            self.ledger.producer_folds[op_key(producer)] = fold
         rest = list(chain.steps[len(plan.steps):])
         if plan.rest_reason and affine.looks_like_normalization(rest):
             self._note(rest, backward=plan.rest_reason)
@@ -318,6 +350,46 @@ class _Pass:
         if not self.options.enabled(forward_affine.NAME):
             return f"{upstream}; forward-affine is disabled"
         return f"{upstream}; {chains.downstream_reason(chain)}"
+
+
+def _equalize(module: ir.Module, funcs: list[ir.Operation], ledger: Ledger,
+              absorb_high_bias: bool) -> None:
+    evaluator = Evaluator(module)
+    adjust = None
+    if absorb_high_bias:
+        def stats(op: ir.Operation) -> dict[str, Any] | None:
+            fold = ledger.producer_folds.get(op_key(op))
+            return None if fold is None else fold.params
+
+        def axes(op: ir.Operation) -> tuple[int, int]:
+            found = equalize.output_axis(op, evaluator)
+            assert found is not None and not isinstance(found[1], str)
+            return found[0], found[1].axis
+
+        def adjust(planned: equalize.SetPlan) -> None:
+            planned.high_bias = high_bias.plan(planned, stats, axes, evaluator)
+
+    results, refused, changed, inlined = equalize.run(module, funcs, evaluator, adjust)
+    ledger.equalize = True
+    ledger.inlined += inlined
+    ledger.changed_functions |= changed
+    for chain, planned in results:
+        if isinstance(planned, str):
+            ledger.refuse_equalization(chain[0].first.op, planned)
+            continue
+        ledger.equalized.append(Equalized(
+            id=f"eq{len(ledger.equalized)}",
+            layers=[ledger.location(layer.op) for layer in planned.layers],
+            layer_ops=[layer.op.name for layer in planned.layers],
+            between=[link.pair.region.describe() for link in planned.links],
+            function=function_name(chain[0].first.op), kind=equalize.kind(chain),
+            iterations=planned.iterations,
+            range_ratio_before=[equalize.range_ratio(layer.before) for layer in planned.layers],
+            range_ratio_after=[equalize.range_ratio(r) for r in planned.after],
+            params={f"scale{i}": pair.scale.copy() for i, pair in enumerate(chain)},
+            high_bias=planned.high_bias))
+    for refusal in refused:
+        ledger.refuse_equalization(refusal.op, refusal.reason)
 
 
 def _batch_norm_reason(op: ir.Operation) -> str:

@@ -70,6 +70,34 @@ class Skip:
 
 
 @dataclass
+class Equalized:
+    """One set of layers equalized together (a pair, a triplet, a longer chain)."""
+
+    id: str
+    layers: list[str]  # producer locations, in data-flow order
+    layer_ops: list[str]
+    between: list[str]  # per link: the ops between the two layers ("add, clamp")
+    function: str
+    kind: str  # "pair", "triplet" or "chain of N"
+    iterations: int
+    # per layer: max/min over output channels of the channel's max |weight|
+    range_ratio_before: list[float]
+    range_ratio_after: list[float]
+    # "scale0", "scale1", ...: per link, layer 1's output channel c divided by scale[c]
+    params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    high_bias: list[dict[str, Any]] = field(default_factory=list)  # per link, --absorb-high-bias
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "kind": self.kind, "layers": self.layers, "layer_ops": self.layer_ops,
+            "between": self.between, "function": self.function, "iterations": self.iterations,
+            "range_ratio_before": self.range_ratio_before,
+            "range_ratio_after": self.range_ratio_after,
+            "scale_range": [[float(v.min()), float(v.max())] for v in self.params.values()],
+        } | ({"high_bias": self.high_bias} if self.high_bias else {})
+
+
+@dataclass
 class Report:
     """What one run of the pass did.
 
@@ -80,6 +108,9 @@ class Report:
              with a reason that says what to do;
     expanded batch_norm_inference ops rewritten by --expand-batch-norm;
     inlined  private callees inlined (once per call site) to enable folds.
+    equalized / not_equalized
+             with --equalize: each set of layers equalized (`Equalized`), and
+             each pair that was not, with the reason (`Skip`, op = layer 1).
 
     `summary()` is the CLI's one-line summary, `dumps()` the JSON report,
     `table()` the text one, `save_params()` the statistics as .npz.
@@ -89,6 +120,9 @@ class Report:
     skipped: list[Skip] = field(default_factory=list)
     expanded: int = 0
     inlined: list[str] = field(default_factory=list)  # callees inlined, once per call site
+    equalized: list[Equalized] = field(default_factory=list)
+    not_equalized: list[Skip] = field(default_factory=list)
+    equalize: bool = False  # equalization ran (the JSON then has its two lists)
 
     def merge(self, other: Report) -> None:
         offset = len(self.folds)
@@ -98,11 +132,21 @@ class Report:
         self.skipped.extend(other.skipped)
         self.expanded += other.expanded
         self.inlined.extend(other.inlined)
+        offset = len(self.equalized)
+        for eq in other.equalized:
+            eq.id = f"eq{offset + int(eq.id[2:])}"
+        self.equalized.extend(other.equalized)
+        self.not_equalized.extend(other.not_equalized)
+        self.equalize = self.equalize or other.equalize
 
     def to_json(self) -> dict[str, Any]:
-        return {"folds": [f.to_json() for f in self.folds],
+        data = {"folds": [f.to_json() for f in self.folds],
                 "skipped": [s.to_json() for s in self.skipped],
                 "expanded": self.expanded, "inlined": self.inlined}
+        if self.equalize:
+            data["equalized"] = [e.to_json() for e in self.equalized]
+            data["not_equalized"] = [s.to_json() for s in self.not_equalized]
+        return data
 
     def dumps(self) -> str:
         return json.dumps(self.to_json(), indent=2) + "\n"
@@ -127,12 +171,35 @@ class Report:
             lines += _columns(skips)
         else:
             lines.append("nothing skipped")
+        if self.equalize:
+            lines.append("")
+            lines += self._equalize_table()
         lines += ["", self.summary()]
         return "\n".join(lines) + "\n"
 
+    def _equalize_table(self) -> list[str]:
+        lines: list[str] = []
+        if self.equalized:
+            rows = [("set", "kind", "layers", "range ratio before -> after")]
+            rows += [(e.id, e.kind, " -> ".join(e.layers),
+                      ", ".join(f"{b:.3g}->{a:.3g}" for b, a in
+                                zip(e.range_ratio_before, e.range_ratio_after, strict=True)))
+                     for e in self.equalized]
+            lines += _columns(rows)
+        else:
+            lines.append("nothing equalized")
+        if self.not_equalized:
+            lines.append("")
+            rows = [("not equalized", "layer 1", "op name", "reason")]
+            rows += [(str(i), s.op, s.op_name, s.reason)
+                     for i, s in enumerate(self.not_equalized, 1)]
+            lines += _columns(rows)
+        return lines
+
     def params(self) -> dict[str, np.ndarray]:
-        """Flat `{"fold0/gamma": array, ...}` for every fold."""
-        return {f"{fold.id}/{k}": v for fold in self.folds for k, v in fold.params.items()}
+        """Flat `{"fold0/gamma": array, ..., "eq0/scale0": array}` for every fold and set."""
+        found = {f"{fold.id}/{k}": v for fold in self.folds for k, v in fold.params.items()}
+        return found | {f"{eq.id}/{k}": v for eq in self.equalized for k, v in eq.params.items()}
 
     def params_npz(self) -> bytes:
         import io
@@ -160,6 +227,11 @@ class Report:
             text += f", expanded {self.expanded} batch_norm_inference"
         if self.inlined:
             text += f", inlined {len(self.inlined)} call(s)"
+        if self.equalize:
+            text += f", equalized {len(self.equalized)} set(s)"
+            if self.equalized:
+                text += f" ({_count(e.kind for e in self.equalized)})"
+            text += f", {len(self.not_equalized)} pair(s) not equalized"
         if self.skipped and not self.folds and \
                 all("function argument" in s.reason for s in self.skipped):
             text += ("; every normalization's parameters are function arguments: bind them "

@@ -72,8 +72,8 @@ def run(module: ir.Module, funcs: list[ir.Operation],
             callee = table[callee_name(call)]
             changed.add(function_name(call))
             inlined.append(symbol_name(callee))
-            _inline(call, callee)
-        _drop_uncalled(module, {symbol_name(table[n]) for n in inlined if n in table})
+            inline(call, callee)
+        drop_uncalled(module, {symbol_name(table[n]) for n in inlined if n in table})
     return changed, inlined
 
 
@@ -133,7 +133,7 @@ def _constant_at_call(value: ir.Value, arguments: list[ir.Value], call: ir.Opera
     return analysis.constant(value) is not None
 
 
-def _inline(call: ir.Operation, callee: ir.Operation) -> None:
+def inline(call: ir.Operation, callee: ir.Operation) -> None:
     """Copies the callee's body before `call`, redirects its results, erases the call."""
     block = callee.regions[0].blocks[0]
     mapping: dict[ir.Value, ir.Value] = dict(zip(block.arguments, call.operands, strict=True))
@@ -160,7 +160,7 @@ def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
     op.walk(visit)
 
 
-def _drop_uncalled(module: ir.Module, names: set[str]) -> None:
+def drop_uncalled(module: ir.Module, names: set[str]) -> None:
     """Erases private functions in `names` that no call refers to any more."""
     called = {callee_name(c) for c in calls(functions(module))}
     for func in list(functions(module)):

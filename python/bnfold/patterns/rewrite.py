@@ -71,22 +71,28 @@ def bias_add(result: ir.Value, bias: np.ndarray, axis: int, loc: ir.Location) ->
 
 def constant_add(result: ir.Value, array: np.ndarray, dims: list[int], loc: ir.Location,
                  expand: Callable[[ir.Value], ir.Value] | None = None) -> ir.Value:
-    """`add(result, broadcast_in_dim(expand(constant(array)), dims))` at the insertion point.
+    """`add(result, broadcast_in_dim(expand(constant(array)), dims))` at the insertion point."""
+    with loc:
+        return stablehlo.AddOp(result, broadcast_constant(array, result, dims, loc, expand)).result
 
-    With symbolic dimensions (a shape-polymorphic batch) the broadcast is a
-    `dynamic_broadcast_in_dim` to the shape of `result` itself, read with
-    `get_dimension_size`, so the module verifies and refines for any size.
+
+def broadcast_constant(array: np.ndarray, like: ir.Value, dims: list[int], loc: ir.Location,
+                       expand: Callable[[ir.Value], ir.Value] | None = None) -> ir.Value:
+    """`broadcast_in_dim(expand(constant(array)), dims)` to the type of `like`.
+
+    `array` is rounded once to `like`'s element type. With symbolic dimensions
+    (a shape-polymorphic batch) the broadcast is a `dynamic_broadcast_in_dim`
+    to the shape of `like` itself, read with `get_dimension_size`, so the
+    module verifies and refines for any size.
     """
-    ty = ir.RankedTensorType(result.type)
+    ty = ir.RankedTensorType(like.type)
     with loc:
         value: ir.Value = stablehlo.ConstantOp(elements.dense_attr(array, ty.element_type)).result
         if expand is not None:
             value = expand(value)
         if ty.has_static_shape:
-            bcast = stablehlo.BroadcastInDimOp(ty, value, dims).result
-        else:
-            bcast = stablehlo.DynamicBroadcastInDimOp(ty, value, _shape_of(result), dims).result
-        return stablehlo.AddOp(result, bcast).result
+            return stablehlo.BroadcastInDimOp(ty, value, dims).result
+        return stablehlo.DynamicBroadcastInDimOp(ty, value, _shape_of(like), dims).result
 
 
 def _shape_of(value: ir.Value) -> ir.Value:

@@ -1,0 +1,129 @@
+"""Recover a decomposed batch norm's statistics from the constants of its chain.
+
+Folding composes a chain into one per-channel `y = x * s + t`; quantization
+steps after it (high-bias absorption) need the batch norm's own `gamma` and
+`beta`, i.e. the mean and spread of `y`. Exporters keep them recognisable in
+the constant subgraphs of the chain:
+
+    Flax / Haiku / Equinox / torchax      (x - mean) * (gamma * rsqrt(var + eps)) + beta
+    Keras 3                               x * inv + (-mean * inv + beta),  inv = rsqrt(var + eps) * gamma
+
+The variance and epsilon are the operands of the `add` under `rsqrt` (or
+`sqrt`); the mean is the constant a leading `subtract` removes, or the one a
+`negate` flips. Then, exactly in float64:
+
+    gamma = s * sqrt(var + eps)          beta = t + s * mean
+
+`batch_norm_inference` carries them as operands and needs none of this.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from bnfold.affine import LAYOUT, Affine, Step
+from bnfold.constants import Evaluator
+from bnfold.graph import defining_op
+from bnfold.ir import ir
+
+_MAX_DEPTH = 12
+_PASS_THROUGH = ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert",
+                 "stablehlo.transpose", "stablehlo.multiply", "stablehlo.divide",
+                 "stablehlo.dynamic_broadcast_in_dim",
+                 "stablehlo.add", "stablehlo.subtract", "stablehlo.negate", "chlo.broadcast_add")
+
+
+def recover(steps: list[Step], fit: Affine, evaluator: Evaluator) -> dict[str, np.ndarray] | None:
+    """`gamma`, `beta`, `mean`, `variance`, `epsilon` of the chain, or None if not recognisable.
+
+    Additive steps before the mean subtraction (a convolution's own bias) are
+    part of the batch norm's input: `beta = t + s * (mean - bias)`.
+    """
+    channels = fit.channels
+    variance: tuple[np.ndarray, np.ndarray] | None = None
+    leading = _leading(steps, evaluator, channels)
+    if leading is None:
+        return None
+    bias, mean = leading
+    for step in steps:
+        for index, operand in enumerate(step.op.operands):
+            if index == step.x_index:
+                continue
+            for op in _constant_graph(operand):
+                if variance is None and op.name in ("stablehlo.rsqrt", "stablehlo.sqrt"):
+                    variance = _variance(op, evaluator, channels)
+                if mean is None and op.name == "stablehlo.negate":
+                    mean = _vector(op.operands[0], evaluator, channels)
+    if variance is None or mean is None:
+        return None
+    var, eps = variance
+    return {"gamma": fit.scale * np.sqrt(var + eps), "beta": fit.shift + fit.scale * (mean - bias),
+            "mean": mean, "variance": var, "epsilon": eps}
+
+
+def _leading(steps: list[Step], evaluator: Evaluator, channels: int
+             ) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """The bias added before the normalization, and the mean if `x - mean` follows it."""
+    bias = np.zeros(channels)
+    for step in steps:
+        if step.name in LAYOUT:
+            continue
+        if step.name not in ("stablehlo.add", "stablehlo.subtract") or step.parameter:
+            return bias, None
+        constant = _vector(step.op.operands[1 - step.x_index], evaluator, channels)
+        if constant is None:
+            return None
+        if step.name == "stablehlo.subtract":
+            if step.x_index != 0:
+                return None
+            return bias, constant
+        bias = bias + constant
+    return bias, None
+
+
+def _constant_graph(value: ir.Value) -> list[ir.Operation]:
+    """The ops computing a constant operand (depth-limited, pure elementwise and layout ops)."""
+    found: list[ir.Operation] = []
+    stack = [(value, 0)]
+    while stack:
+        current, depth = stack.pop()
+        op = defining_op(current)
+        if op is None or depth > _MAX_DEPTH:
+            continue
+        found.append(op)
+        if op.name in _PASS_THROUGH or op.name in ("stablehlo.rsqrt", "stablehlo.sqrt"):
+            stack += [(v, depth + 1) for v in op.operands]
+    return found
+
+
+def _variance(op: ir.Operation, evaluator: Evaluator, channels: int
+              ) -> tuple[np.ndarray, np.ndarray] | None:
+    """(variance, epsilon) from `rsqrt(var + eps)`: the per-channel and the scalar operand."""
+    add = defining_op(op.operands[0])
+    while add is not None and add.name in ("stablehlo.convert", "stablehlo.reshape",
+                                           "stablehlo.broadcast_in_dim"):
+        add = defining_op(add.operands[0])
+    if add is None or add.name != "stablehlo.add":  # no epsilon: sqrt(var)
+        var = _vector(op.operands[0], evaluator, channels)
+        return None if var is None else (var, np.zeros(channels))
+    a = _vector(add.operands[0], evaluator, channels)
+    b = _vector(add.operands[1], evaluator, channels)
+    if a is None or b is None:
+        return None
+    if np.all(b == b[0]) and not np.all(a == a[0]):
+        return a, b
+    if np.all(a == a[0]) and not np.all(b == b[0]):
+        return b, a
+    return (a, b) if float(np.max(b)) <= float(np.max(a)) else (b, a)
+
+
+def _vector(value: ir.Value, evaluator: Evaluator, channels: int) -> np.ndarray | None:
+    """The constant as a float64 vector of `channels` values (a scalar is repeated)."""
+    const = evaluator.constant(value)
+    if const is None:
+        return None
+    array = np.asarray(const.array, dtype=np.float64)
+    if array.size == 1:
+        return np.full(channels, float(array.reshape(-1)[0]))
+    flat = array.reshape(-1)
+    return flat if flat.size == channels else None
