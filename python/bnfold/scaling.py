@@ -113,9 +113,9 @@ def walk(start: ir.Value, axis: int, evaluator: Evaluator) -> Walk:
     the scale, or `Inline` when a private call is in the way.
     """
     closure = _closure(start)
-    if isinstance(closure, (str, Inline)) or closure is None:
+    if isinstance(closure, Inline) or closure is None:
         return closure
-    ops, consumers = closure
+    ops, consumers, stop = closure
     tags: dict[ir.Value, int] = {start: axis}
     edits: list[Edit] = []
     for op in ops:
@@ -125,11 +125,13 @@ def walk(start: ir.Value, axis: int, evaluator: Evaluator) -> Walk:
         tag, found = result
         tags[op.results[0]] = tag
         edits += found
-    return _consumer(consumers, tags, ops, edits)
+    return stop or _consumer(consumers, tags, ops, edits)
 
 
-def _closure(start: ir.Value) -> tuple[list[ir.Operation], list[ir.Operation]] | Inline | str | None:
-    """The region ops in program order and the producers that read them."""
+def _closure(start: ir.Value
+             ) -> tuple[list[ir.Operation], list[ir.Operation], str | None] | Inline | None:
+    """The region ops in program order, the producers that read them, and where the
+    region leaks out (a function result, another block), if it does."""
     block = defining_op(start).block  # type: ignore[union-attr]
     seen: dict[int, ir.Operation] = {}
     consumers: dict[int, ir.Operation] = {}
@@ -145,8 +147,9 @@ def _closure(start: ir.Value) -> tuple[list[ir.Operation], list[ir.Operation]] |
             elif producers.is_producer(user):
                 consumers[key] = user
             elif user.name == "func.call":
-                return Inline(user) if _inlinable(user) else \
-                    f"layer 1's output goes to call @{callee_name(user)} ({_where(user)})"
+                if _inlinable(user):
+                    return Inline(user)
+                stop = stop or f"layer 1's output goes to call @{callee_name(user)} ({_where(user)})"
             elif user.name in ("func.return", "stablehlo.return"):
                 stop = stop or f"layer 1's output is also a function result ({_where(user)})"
             elif len(user.results) != 1:
@@ -158,11 +161,9 @@ def _closure(start: ir.Value) -> tuple[list[ir.Operation], list[ir.Operation]] |
                 queue.append(user.results[0])
     if not consumers:
         return None
-    if stop is not None:
-        return stop
     order = {op_id(op): i for i, op in enumerate(block.operations)} if len(seen) > 1 else {}
     ops = sorted(seen.values(), key=lambda op: order.get(op_id(op), 0))
-    return ops, list(consumers.values())
+    return ops, list(consumers.values()), stop
 
 
 def _inlinable(call: ir.Operation) -> bool:
@@ -355,5 +356,6 @@ def _consumer(consumers: list[ir.Operation], tags: dict[ir.Value, int],
 
 
 def _where(op: ir.Operation) -> str:
-    return f"{op.name} at {format_location(op.location, None)}"
+    where = format_location(op.location, None)
+    return f"{op.name} at {'line ' + where[2:] if where.startswith('-:') else where}"
 

@@ -1,0 +1,279 @@
+"""Cross-layer equalization and high-bias absorption: numerics, reasons, idempotence.
+
+IR shapes are in lit_tests/equalize.mlir; this file runs every equalized
+module on XLA CPU against the original, checks what the report says, and
+draws random pairs and triplets (layouts, groups, transposed and dilated
+convolutions, padding, activations) with hypothesis.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import bnfold
+import modgen
+import support
+from bnfold import numerics
+from bnfold.pipeline import FoldOptions, fold_source
+from test_properties import run_xla
+
+ROOT = Path(__file__).resolve().parent.parent
+LIT = (ROOT / "lit_tests" / "equalize.mlir").read_text()
+# Each case as a module whose entry is @main (what the XLA runner calls).
+CASES = {m.group(1): case.replace(f"func.func @{m.group(1)}(", "func.func @main(")
+         for case in LIT.split("// -----")
+         if (m := re.search(r"func\.func @(\w+)", case)) is not None}
+MODELS = ROOT / "testdata" / "models"
+
+
+def equalize(text: str | bytes, **options) -> bnfold.pipeline.Folded:
+    return fold_source(text, options=FoldOptions(equalize=True, **options))
+
+
+def relative_error(original: str, changed: str, seed: int = 0, inputs=None) -> float:
+    inputs = inputs if inputs is not None else support.inputs_for(original, seed)
+    expected = run_xla(original, inputs)
+    actual = run_xla(changed, inputs)
+    return max(numerics.relative_error(a, e) for a, e in zip(actual, expected, strict=True))
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_lit_cases_keep_the_function(name):
+    text = CASES[name]
+    folded = equalize(text)
+    assert relative_error(text, folded.serialize().decode()) < 1e-5
+    equalized = bool(folded.report.equalized)
+    assert equalized == (not name.startswith("no_fire")), folded.report.table()
+
+
+@pytest.mark.parametrize("name, reason", [
+    ("no_fire_fan_out", "meets another branch"),
+    ("no_fire_sigmoid", "sigmoid is not positively homogeneous"),
+    ("no_fire_kernel_argument", "kernel is not constant"),
+    ("no_fire_runtime_gate", "not constant"),
+])
+def test_every_refusal_has_a_reason(name, reason):
+    report = equalize(CASES[name]).report
+    assert not report.equalized
+    assert len(report.not_equalized) == 1
+    assert reason in report.not_equalized[0].reason, report.not_equalized[0].reason
+    assert "1 pair(s) not equalized" in report.summary()
+
+
+def test_report_json_params_and_summary():
+    report = equalize(CASES["pair_through_relu6"]).report
+    data = report.to_json()
+    [eq] = data["equalized"]
+    assert eq["kind"] == "pair" and eq["between"] == ["add, clamp"]
+    assert eq["range_ratio_before"][0] == pytest.approx(4.0)
+    assert eq["range_ratio_after"][0] == pytest.approx(1.0)  # [2, 2] after
+    np.testing.assert_allclose(report.params()["eq0/scale0"], [2.0, 0.5])
+    assert "equalized 1 set(s) (1 pair)" in report.summary()
+    assert "equalized" not in bnfold.fold_text(CASES["pair_through_relu6"])[1].to_json()
+
+
+def test_triplet_is_one_set_and_balances_both_links():
+    report = equalize(CASES["triplet_conv_depthwise_conv"]).report
+    [eq] = report.equalized
+    assert eq.kind == "triplet" and len(eq.layers) == 3 and eq.iterations > 1
+    assert max(eq.range_ratio_after[:2]) < min(eq.range_ratio_before[:2])
+
+
+def test_equalizing_twice_changes_nothing():
+    """Idempotent: the second run finds every set already balanced and leaves the IR alone."""
+    once = equalize(LIT.split("// -----")[1]).serialize().decode()
+    twice = equalize(once)
+    assert twice.serialize().decode() == once
+    assert not twice.report.equalized
+    assert all("already equalized" in s.reason for s in twice.report.not_equalized)
+
+
+def test_the_pass_and_the_cli_flag(tmp_path):
+    from bnfold.cli import main
+
+    source = tmp_path / "in.mlir"
+    source.write_text(CASES["pair_through_relu6"])
+    out = tmp_path / "out.mlir"
+    params = tmp_path / "p.npz"
+    assert main([str(source), "--equalize", "-o", str(out), "--report-params", str(params), "-q"]) == 0
+    assert "dense<[3.000000e+00, 1.200000e+01]>" in out.read_text()
+    np.testing.assert_allclose(np.load(params)["eq0/scale0"], [2.0, 0.5])
+    piped = tmp_path / "piped.mlir"
+    assert main([str(source), "--pass-pipeline", "builtin.module(bnfold-equalize)", "-o", str(piped),
+                 "-q"]) == 0
+    assert piped.read_text() == out.read_text()
+    assert main([str(source), "--absorb-high-bias", "-q"]) == 1  # needs --equalize
+
+
+@pytest.mark.parametrize("path", sorted(MODELS.glob("*.mlir")), ids=lambda p: p.stem)
+def test_models_keep_the_function(path):
+    text = path.read_text()
+    folded = fold_source(text)
+    equalized = equalize(text)
+    if not equalized.report.equalized:
+        return
+    error = relative_error(folded.serialize().decode(), equalized.serialize().decode())
+    # Equalized kernels are rounded to the model's dtype again: f32 within 1e-4, f16 and
+    # bf16 within their usual tolerance (a few units in the last place).
+    # (mixed-precision exports take f32 arguments and compute in the narrow type).
+    dtype = next((t for t in ("bf16", "f16") if f"x{t}>" in text),
+                 support.signature(text).element_types[0])
+    assert error < max(1e-4, numerics.tolerance(dtype)), equalized.report.table()
+
+
+def test_mobilenetv2_equalizes_every_triplet_through_relu6():
+    """Keras MobileNetV2: every expand -> depthwise -> project triplet equalizes through
+    ReLU6 (maximum + minimum); the projections into residual adds are refused."""
+    report = equalize((MODELS / "keras_mobilenetv2_nhwc.mlir").read_text()).report
+    assert len(report.equalized) == 16
+    assert all(len(e.layers) >= 3 for e in report.equalized)
+    assert all("maximum, minimum" in e.between[0] for e in report.equalized)
+    assert all("meets another branch" in s.reason for s in report.not_equalized)
+
+
+def test_statistics_are_recovered_from_decomposed_chains():
+    """The export script draws gamma ~ U(0.5, 1.5): recovered gammas must land there."""
+    checked = 0
+    for path in sorted(MODELS.glob("*.mlir")):
+        for fold in bnfold.fold_text(path.read_text())[1].folds:
+            scales = {"stablehlo.multiply", "stablehlo.divide"} & set(fold.ops)
+            if fold.direction == "backward" and fold.kind == "normalization" and scales:
+                assert "gamma" in fold.params, (path.name, fold.norm)
+                gamma = np.abs(fold.params["gamma"])
+                assert gamma.min() >= 0.5 - 1e-5 and gamma.max() <= 1.5 + 1e-5, path.name
+                checked += 1
+    assert checked > 100
+
+
+# --- high-bias absorption ----------------------------------------------------------------
+
+HIGH_BIAS = """
+func.func @main(%x: tensor<2x4x4x2xf32>) -> tensor<2x4x4x2xf32> {
+  %k1 = stablehlo.constant dense<[[[[0.02, -0.01, 0.03], [0.01, 0.02, -0.02]]]]> : tensor<1x1x2x3xf32>
+  %y = stablehlo.convolution(%x, %k1) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<2x4x4x2xf32>, tensor<1x1x2x3xf32>) -> tensor<2x4x4x3xf32>
+  %g = stablehlo.constant dense<[0.5, 0.5, 0.25]> : tensor<3xf32>
+  %b = stablehlo.constant dense<[4.0, 0.2, 3.0]> : tensor<3xf32>
+  %m = stablehlo.constant dense<[0.0, 0.1, 0.0]> : tensor<3xf32>
+  %v = stablehlo.constant dense<[1.0, 1.0, 0.25]> : tensor<3xf32>
+  %n = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {epsilon = 0.0 : f32, feature_index = 3 : i64} : (tensor<2x4x4x3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) -> tensor<2x4x4x3xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %six = stablehlo.constant dense<6.0> : tensor<f32>
+  %r = stablehlo.clamp %zero, %n, %six : (tensor<f32>, tensor<2x4x4x3xf32>, tensor<f32>) -> tensor<2x4x4x3xf32>
+  %k2 = stablehlo.constant dense<[[[[1.0, -2.0], [0.5, 0.1], [-1.0, 3.0]]]]> : tensor<1x1x3x2xf32>
+  %z = stablehlo.convolution(%r, %k2) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<2x4x4x3xf32>, tensor<1x1x3x2xf32>) -> tensor<2x4x4x2xf32>
+  return %z : tensor<2x4x4x2xf32>
+}
+"""
+
+
+def test_high_bias_absorption_moves_the_bias_and_keeps_the_function():
+    """beta - 3|gamma| = [2.5, -1.3, 2.25]: channels 0 and 2 move into layer 2's bias.
+    Inputs keep every pre-activation within 3 sigma, so the result is exact here."""
+    plain = equalize(HIGH_BIAS)
+    absorbed = equalize(HIGH_BIAS, absorb_high_bias=True)
+    [eq] = absorbed.report.equalized
+    [record] = eq.high_bias
+    assert record["absorbed"] and record["channels"] == 2
+    assert record["exact"].startswith("exact except")
+    s = eq.params["scale0"]
+    assert record["absorbed_max"] == pytest.approx(max(2.5 / s[0], 2.25 / s[2]), rel=1e-6)
+    out = absorbed.serialize().decode()
+    assert out.count("stablehlo.add") == 2  # layer 1's bias, and layer 2's new bias
+    assert relative_error(HIGH_BIAS, out) < 1e-5
+    assert relative_error(HIGH_BIAS, plain.serialize().decode()) < 1e-5
+
+
+def test_high_bias_refusals_are_reported():
+    report = equalize((MODELS / "keras_mobilenetv2_nhwc.mlir").read_text(),
+                      absorb_high_bias=True).report
+    reasons = {r["reason"] for e in report.equalized for r in e.high_bias if not r["absorbed"]}
+    assert any("nothing to absorb" in r for r in reasons)
+    assert any("no ReLU" in r for r in reasons)  # project -> expand has no activation
+
+
+# --- property tests ----------------------------------------------------------------------
+
+ACTIVATIONS = ("none", "relu", "relu6_clamp", "relu6_minmax", "leaky")
+
+
+def _activation(b: modgen.Builder, x: modgen.V, kind: str, axis: int,
+                rng: np.random.Generator) -> modgen.V:
+    if kind == "none":
+        return x
+    zero = b.const(0.0, x.shape, "z")
+    bias = b.bcast(b.const(rng.normal(0, 0.5, x.shape[axis]), (x.shape[axis],), "bias"), [axis],
+                   x.shape)
+    x = b.binary("add", x, bias)
+    if kind == "relu":
+        return b.binary("maximum", x, zero)
+    if kind == "relu6_minmax":
+        return b.binary("minimum", b.binary("maximum", x, zero), b.const(6.0, x.shape, "six"))
+    if kind == "relu6_clamp":
+        t = modgen.ttype(x.shape, b.dt)
+        lo, hi = b.const(0.0, (), "lo"), b.const(6.0, (), "hi")
+        return b.emit("clamp", f"stablehlo.clamp {lo.name}, {x.name}, {hi.name} : "
+                               f"({modgen.ttype((), b.dt)}, {t}, {modgen.ttype((), b.dt)}) -> {t}",
+                      x.shape, False)
+    pred = b.emit("ge", f"stablehlo.compare GE, {x.name}, {zero.name} : "
+                        f"({modgen.ttype(x.shape, b.dt)}, {modgen.ttype(x.shape, b.dt)}) -> "
+                        f"{modgen.ttype(x.shape, 'i1')}", x.shape, False)
+    leak = b.binary("multiply", x, b.const(0.1, x.shape, "slope"))
+    return b.emit("sel", f"stablehlo.select {pred.name}, {x.name}, {leak.name} : "
+                         f"{modgen.ttype(x.shape, 'i1')}, {modgen.ttype(x.shape, b.dt)}",
+                  x.shape, False)
+
+
+def _last_conv(p: modgen.Conv, out_features: int) -> modgen.Conv:
+    """A 1x1 convolution reading `p`'s result in its layout."""
+    spatial = tuple(modgen.Spatial(s.out, 1, 1, 0, 0, 1, 1, False) for s in p.spatial)
+    return modgen.Conv(p.batch // p.batch_groups, p.out_features, out_features, 1, 1, spatial,
+                       p.out_layout, p.kernel_layout, p.out_layout)
+
+
+def _imbalanced(shape: tuple[int, ...], axis: int, rng: np.random.Generator) -> np.ndarray:
+    values = rng.normal(0, 1, shape)
+    spread = 10 ** rng.uniform(-3, 0, shape[axis])
+    return values * np.reshape(spread, [-1 if d == axis else 1 for d in range(len(shape))])
+
+
+@given(second=modgen.convs(), acts=st.tuples(st.sampled_from(ACTIVATIONS), st.sampled_from(ACTIVATIONS)),
+       triplet=st.booleans(), cin=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_random_pairs_and_triplets_keep_the_function(second, acts, triplet, cin, seed):
+    p2, _ = second
+    if p2.has_positive_pad() and p2.explicit_pad:
+        p2 = replace(p2, explicit_pad=False)
+    rng = np.random.default_rng(seed)
+    p1 = modgen.first_conv(p2, cin)
+    b = modgen.Builder("f32")
+    x = b.arg(p1.in_shape())
+    k1 = b.const(_imbalanced(p1.kernel_shape(), p1.kernel_layout.index("o"), rng), p1.kernel_shape())
+    h = _activation(b, p1.render(b, x, k1), acts[0], p1.out_axis, rng)
+    k2 = b.const(rng.normal(0, 1, p2.kernel_shape()), p2.kernel_shape())
+    out = p2.render(b, h, k2)
+    if triplet:
+        p3 = _last_conv(p2, 2)
+        out = _activation(b, out, acts[1], p2.out_axis, rng)
+        k3 = b.const(rng.normal(0, 1, p3.kernel_shape()), p3.kernel_shape())
+        out = p3.render(b, out, k3)
+    text = b.module([out])
+    folded = equalize(text)
+    result = folded.serialize().decode()
+    report = folded.report
+    if p2.batch_groups > 1:
+        assert any("batch_group_count" in s.reason for s in report.not_equalized)
+        return
+    assert report.equalized, report.table()
+    [eq] = report.equalized
+    assert len(eq.layers) == (3 if triplet else 2)
+    assert relative_error(text, result, seed) < 1e-4
+    # Balanced: a second run finds every scale within 0.1% of 1 and changes nothing.
+    again = equalize(result)
+    assert again.serialize().decode() == result
+    assert all("already equalized" in s.reason for s in again.report.not_equalized)
