@@ -277,3 +277,38 @@ def test_random_pairs_and_triplets_keep_the_function(second, acts, triplet, cin,
     again = equalize(result)
     assert again.serialize().decode() == result
     assert all("already equalized" in s.reason for s in again.report.not_equalized)
+
+
+SHARED_RELU6 = """
+func.func @main(%x: tensor<4x2xf32>) -> tensor<4x1xf32> {
+  %k1 = stablehlo.constant dense<[[4.0, 1.0], [2.0, 0.25]]> : tensor<2x2xf32>
+  %y = stablehlo.dot_general %x, %k1, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x2xf32>) -> tensor<4x2xf32>
+  %r = call @relu6_2(%y) : (tensor<4x2xf32>) -> tensor<4x2xf32>
+  %k2 = stablehlo.constant dense<[[1.0, 0.5], [4.0, 0.1]]> : tensor<2x2xf32>
+  %z = stablehlo.dot_general %r, %k2, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x2xf32>) -> tensor<4x2xf32>
+  %q = call @relu6_2(%z) : (tensor<4x2xf32>) -> tensor<4x2xf32>
+  %k3 = stablehlo.constant dense<[[3.0], [0.01]]> : tensor<2x1xf32>
+  %o = stablehlo.dot_general %q, %k3, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x1xf32>) -> tensor<4x1xf32>
+  return %o : tensor<4x1xf32>
+}
+func.func private @relu6_2(%a: tensor<4x2xf32>) -> tensor<4x2xf32> {
+  %zero = stablehlo.constant dense<0.0> : tensor<4x2xf32>
+  %six = stablehlo.constant dense<6.0> : tensor<4x2xf32>
+  %c = stablehlo.clamp %zero, %a, %six : tensor<4x2xf32>
+  return %c : tensor<4x2xf32>
+}
+"""
+
+
+def test_a_shared_private_relu6_gets_its_own_bounds_per_call_site():
+    """JAX shares one @relu6_2 between layers of the same shape: each call site is
+    inlined with its own per-channel bounds, and the helper goes away."""
+    folded = equalize(SHARED_RELU6)
+    out = folded.serialize().decode()
+    [eq] = folded.report.equalized
+    assert len(eq.layers) == 3 and folded.report.inlined == ["relu6_2", "relu6_2"]
+    assert "call" not in out and "@relu6_2" not in out
+    bounds = re.findall(r"stablehlo.constant dense<(\[[^\]]+\])> : tensor<2xf32>", out)
+    assert len(set(bounds)) == len(bounds) >= 2, bounds  # one upper bound per call site
+    assert relative_error(SHARED_RELU6, out, inputs=[np.linspace(-9, 9, 8, dtype=np.float32)
+                                                     .reshape(4, 2)]) < 1e-5

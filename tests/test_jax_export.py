@@ -204,3 +204,35 @@ def test_unknown_binding_names_are_listed_once_with_the_argument_names():
         bnfold.fold_source(text, bindings={"nope": np.ones(2), "nada": np.ones(2)})
     message = str(info.value)
     assert message.count("answer to") == 1 and "'nope', 'nada'" in message
+
+
+def _mobilenet_block(params, x):
+    """expand -> BN -> relu6 -> depthwise -> BN -> relu6 -> project: jax.nn.relu6 is
+    jitted, so the export calls a private @relu6 shared by both activations."""
+    conv = lambda v, k, groups=1: jax.lax.conv_general_dilated(  # noqa: E731
+        v, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"),
+        feature_group_count=groups)
+    y = jax.nn.relu6(_bn(conv(x, params["expand"]), params["bn1"], 3))
+    y = jax.nn.relu6(_bn(conv(y, params["dw"], 8), params["bn2"], 3))
+    return conv(y, params["project"])
+
+
+def test_fold_exported_with_equalization_keeps_a_working_exported():
+    rng = np.random.default_rng(1)
+    spread = 10 ** rng.uniform(-3, 0, 8).astype(np.float32)
+    params = {"expand": rng.normal(0, .3, (1, 1, 4, 8)).astype(np.float32),
+              "bn1": _bn_params(rng, 8),
+              "dw": (rng.normal(0, .3, (3, 3, 1, 8)) * spread).astype(np.float32),
+              "bn2": _bn_params(rng, 8),
+              "project": rng.normal(0, .3, (1, 1, 8, 4)).astype(np.float32)}
+    x = rng.normal(size=(2, 6, 6, 4)).astype(np.float32)
+    exported = jax.export.export(jax.jit(_mobilenet_block))(params, x)
+    assert "call @relu6" in exported.mlir_module()
+    folded, report = fold_exported(exported, params,
+                                   options=bnfold.FoldOptions(equalize=True))
+    [eq] = report.equalized
+    assert eq.triplets == 1 and len(eq.layers) == 3
+    assert "call @relu6" not in folded.mlir_module()
+    expected = np.asarray(exported.call(params, x))
+    for got in (folded.call(x), jax.export.deserialize(folded.serialize()).call(x)):
+        support.numerics.check_close([np.asarray(got)], [expected], "f32")

@@ -15,8 +15,8 @@ very same weights):
                  convolution's input weights by 1/a (the float function is
                  unchanged except where ReLU6 saturates; reported).
   digits         a small MobileNetV2-style network (inverted residuals,
-                 ReLU6) trained here for about a minute on scikit-learn's
-                 digits; accuracy on the held-out quarter is reported too.
+                 ReLU6) trained here (300 epochs, about a minute) on
+                 scikit-learn's digits; accuracy on the held-out quarter is reported too.
 
 bnfold side: `bnfold.fold_source` with FoldOptions(), (equalize=True) and
 (equalize=True, absorb_high_bias=True), run on XLA CPU. AIMET side
@@ -28,7 +28,7 @@ so its SQNR is against the original float outputs).
 Needs torch 2.13 (CPU), torchax, torchvision, scikit-learn, optionally
 aimet-torch; see README "Quantization". Usage:
 
-    python tools/quant_bench.py [--out results.md] [--no-aimet] [--train-seconds 60]
+    python tools/quant_bench.py [--out results.md] [--no-aimet] [--epochs 300]
 """
 
 from __future__ import annotations
@@ -54,6 +54,10 @@ from bnfold.pipeline import FoldOptions, fold_source  # noqa: E402
 
 _THROUGH = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert", "stablehlo.reverse",
             "stablehlo.broadcast_in_dim")
+
+
+def plural(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "s")
 
 
 # --- quantization and metrics ---------------------------------------------------------
@@ -227,7 +231,7 @@ class TinyMobileNet:
             nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
 
 
-def digits(torch, seconds: float, rng):
+def digits(torch, epochs: int, rng):
     from sklearn.datasets import load_digits
 
     data = load_digits()
@@ -240,9 +244,9 @@ def digits(torch, seconds: float, rng):
     model = TinyMobileNet.build(torch)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     xt, yt = torch.from_numpy(x[train]), torch.from_numpy(y[train])
-    start, epochs = time.time(), 0
+    start = time.time()
     model.train()
-    while time.time() - start < seconds:
+    for _ in range(epochs):
         perm = torch.randperm(len(xt))
         for i in range(0, len(xt), 64):
             idx = perm[i:i + 64]
@@ -250,7 +254,6 @@ def digits(torch, seconds: float, rng):
             opt.zero_grad()
             loss.backward()
             opt.step()
-        epochs += 1
     model.eval()
     note = f"trained {epochs} epochs in {time.time() - start:.0f} s on 1347 digits"
     return model, torch.from_numpy(x[test]), y[test], note
@@ -293,10 +296,20 @@ def bnfold_rows(name: str, text: str, x: np.ndarray, labels, reference: np.ndarr
         float_out = numerics.run_xla(out_text, [x])[0]
         quant = numerics.run_xla(fake_quantize(out_text), [x])[0]
         report = folded.report
-        sets = (f"{len(report.equalized)} sets ("
-                f"{sum(len(e.layers) - 1 for e in report.equalized)} pairs, "
-                f"{sum(e.kind == 'triplet' or len(e.layers) >= 3 for e in report.equalized)} with "
-                f">= 3 layers)") if options.equalize else "-"
+        sets = (f"{sum(len(e.layers) - 1 for e in report.equalized)} pairs, "
+                f"{sum(e.triplets for e in report.equalized)} conv-dw-conv triplets "
+                f"(in {len(report.equalized)} chains)") if options.equalize else "-"
+        if options.absorb_high_bias:
+            links = [r for e in report.equalized for r in e.high_bias]
+            absorbed = [r for r in links if r["absorbed"]]
+            why: dict[str, int] = {}
+            for r in links:
+                if not r["absorbed"]:
+                    key = r["reason"].split(":")[0].split(" (")[0]
+                    why[key] = why.get(key, 0) + 1
+            sets += (f"; high bias absorbed in {len(absorbed)} of {len(links)} links"
+                     f" ({plural(sum(r['channels'] for r in absorbed), 'channel')})" +
+                     "".join(f"; {n}: {k}" for k, n in sorted(why.items())))
         ratios = kernel_range_ratios(out_text)
         rows.append(Row(name, method, sets, sqnr(reference, quant), accuracy(quant, labels),
                         f"median {np.median(ratios):.0f}, max {max(ratios):.0f}"))
@@ -329,12 +342,13 @@ def aimet_rows(name: str, model, x, labels, reference: np.ndarray, torch) -> lis
                     mod.weight.copy_(torch.from_numpy(quantize_int8(mod.weight.numpy())))
             quant = m(x).numpy()
         triplets = sum(len(s.cls_pair_info_list) == 2 for s in sets)
+        pairs = sum(len(s.cls_pair_info_list) for s in sets)
         method = "AIMET equalize_model" + (" after ReLU6 -> ReLU" if swap else "")
         if swap:  # the swap changed the float model: measure against both
             own = swapped_reference(model, x, torch)
             method += (f" (vs its own float model: {sqnr(own, quant):.1f} dB; "
                        f"float change from the swap: {sqnr(reference, own):.1f} dB)")
-        rows.append(Row(name, method, f"{len(sets)} sets ({triplets} triplets)",
+        rows.append(Row(name, method, f"{pairs} pairs, {triplets} triplets (in {len(sets)} sets)",
                         sqnr(reference, quant), accuracy(quant, labels)))
     return rows
 
@@ -368,7 +382,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", help="write the Markdown table here too")
     parser.add_argument("--no-aimet", action="store_true", help="skip the AIMET comparison")
-    parser.add_argument("--train-seconds", type=float, default=60.0)
+    parser.add_argument("--epochs", type=int, default=300,
+                        help="training epochs of the digits model (fixed, so runs repeat; "
+                             "300 take about a minute on 2 cores)")
     parser.add_argument("--only", choices=("mobilenet_v2", "digits"))
     args = parser.parse_args(argv)
     torch, torchvision, torchax = import_torch()
@@ -377,7 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     notes: list[str] = []
     builders = {"mobilenet_v2": lambda: mobilenet_v2(torch, torchvision, rng),
-                "digits": lambda: digits(torch, args.train_seconds, rng)}
+                "digits": lambda: digits(torch, args.epochs, rng)}
     for name, build in builders.items():
         if args.only and name != args.only:
             continue

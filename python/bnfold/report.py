@@ -80,6 +80,7 @@ class Equalized:
     function: str
     kind: str  # "pair", "triplet" or "chain of N"
     iterations: int
+    triplets: int  # conv -> depthwise conv -> conv runs in the set (DFQ's triplets)
     # per layer: max/min over output channels of the channel's max |weight|
     range_ratio_before: list[float]
     range_ratio_after: list[float]
@@ -91,6 +92,7 @@ class Equalized:
         return {
             "id": self.id, "kind": self.kind, "layers": self.layers, "layer_ops": self.layer_ops,
             "between": self.between, "function": self.function, "iterations": self.iterations,
+            "triplets": self.triplets,
             "range_ratio_before": self.range_ratio_before,
             "range_ratio_after": self.range_ratio_after,
             "scale_range": [[float(v.min()), float(v.max())] for v in self.params.values()],

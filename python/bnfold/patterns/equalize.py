@@ -384,6 +384,11 @@ def range_ratio(ranges: np.ndarray) -> float:
     return float(nonzero.max() / nonzero.min()) if nonzero.size else 1.0
 
 
+def triplets(layers: list[Layer]) -> int:
+    """conv -> depthwise -> conv runs: an inner layer whose groups read one channel each."""
+    return sum(1 for layer in layers[1:-1] if layer.groups > 1 and layer.table.shape[0] == 1)
+
+
 def kind(chain: list[Pair]) -> str:
     """`pair`, `triplet` (DFQ's conv -> depthwise -> conv shape: three layers) or `chain of N`."""
     n = len(chain) + 1

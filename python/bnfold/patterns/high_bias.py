@@ -92,10 +92,13 @@ def _absorb(planned: SetPlan, index: int, link: Link, stats: Stats, carried: np.
     beta = found["beta"] / s + (carried if carried is not None else 0.0)
     spread = np.abs(found["gamma"]) / s
     c = np.maximum(0.0, beta - SIGMAS * spread)
+    uppers = _uppers(link, planned)
+    for upper in uppers:  # a channel that always saturates passes its bound, no more
+        c = np.minimum(c, np.maximum(upper, 0.0))
     if not np.any(c > 0):
         return "nothing to absorb: beta - 3*|gamma| <= 0 in every channel"
     bias[:] -= c
-    for upper in _uppers(link, planned):
+    for upper in uppers:
         upper[:] -= c
     second = pair.second
     delta = _through_kernel(planned, second, c, axes, signed=True)
