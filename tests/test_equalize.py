@@ -190,6 +190,86 @@ def test_high_bias_absorption_moves_the_bias_and_keeps_the_function():
     assert relative_error(HIGH_BIAS, plain.serialize().decode()) < 1e-5
 
 
+def _dense(values: np.ndarray) -> str:
+    return "dense<" + np.array2string(values, separator=", ", threshold=10**6,
+                                      floatmode="unique").replace("\n", "") + ">"
+
+
+def _padded_layer_2(window: str) -> str:
+    """HIGH_BIAS with a 3x3 layer 2 (`window`) instead of the 1x1 one."""
+    k2 = np.random.default_rng(3).normal(0, 1, (3, 3, 3, 2)).astype(np.float32)
+    text = HIGH_BIAS.replace(
+        '%k2 = stablehlo.constant dense<[[[[1.0, -2.0], [0.5, 0.1], [-1.0, 3.0]]]]> : '
+        'tensor<1x1x3x2xf32>',
+        f"%k2 = stablehlo.constant {_dense(k2)} : tensor<3x3x3x2xf32>")
+    return text.replace(
+        "window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : "
+        "(tensor<2x4x4x3xf32>, tensor<1x1x3x2xf32>) -> tensor<2x4x4x2xf32>",
+        f"window = {{{window}}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : "
+        "(tensor<2x4x4x3xf32>, tensor<3x3x3x2xf32>) -> tensor<2x4x4x2xf32>")
+
+
+def test_high_bias_into_a_zero_padded_layer_is_exact_at_the_borders():
+    """A 3x3 SAME layer 2: the padded taps stood for relu(y) = 0 and would now stand for
+    c; an exact border correction (slices, concatenate) replaces the per-channel bias."""
+    text = _padded_layer_2("pad = [[1, 1], [1, 1]]")
+    absorbed = equalize(text, absorb_high_bias=True)
+    [record] = absorbed.report.equalized[0].high_bias
+    assert record["absorbed"] and record["channels"] == 2
+    assert "borders corrected exactly" in record["exact"]
+    out = absorbed.serialize().decode()
+    assert "stablehlo.concatenate" in out
+    assert relative_error(text, out) < 1e-5
+
+
+def test_high_bias_into_a_dilated_asymmetrically_padded_layer_is_exact():
+    text = _padded_layer_2("pad = [[1, 3], [0, 2]], rhs_dilate = [2, 1]")
+    absorbed = equalize(text, absorb_high_bias=True)
+    [record] = absorbed.report.equalized[0].high_bias
+    assert "borders corrected exactly" in record["exact"]
+    assert relative_error(text, absorbed.serialize().decode()) < 1e-5
+
+
+THREE_LAYERS = """
+func.func @main(%x: tensor<8x2xf32>) -> tensor<8x2xf32> {
+  %k1 = stablehlo.constant dense<[[0.02, -0.01, 0.03], [0.01, 0.02, -0.02]]> : tensor<2x3xf32>
+  %y1 = stablehlo.dot_general %x, %k1, contracting_dims = [1] x [0] : (tensor<8x2xf32>, tensor<2x3xf32>) -> tensor<8x3xf32>
+  %g1 = stablehlo.constant dense<[0.5, 0.5, 0.25]> : tensor<3xf32>
+  %b1 = stablehlo.constant dense<[4.0, 0.2, 3.0]> : tensor<3xf32>
+  %m1 = stablehlo.constant dense<[0.0, 0.1, 0.0]> : tensor<3xf32>
+  %v1 = stablehlo.constant dense<[1.0, 1.0, 0.25]> : tensor<3xf32>
+  %n1 = "stablehlo.batch_norm_inference"(%y1, %g1, %b1, %m1, %v1) {epsilon = 0.0 : f32, feature_index = 1 : i64} : (tensor<8x3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) -> tensor<8x3xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %six = stablehlo.constant dense<6.0> : tensor<f32>
+  %r1 = stablehlo.clamp %zero, %n1, %six : (tensor<f32>, tensor<8x3xf32>, tensor<f32>) -> tensor<8x3xf32>
+  %k2 = stablehlo.constant dense<[[0.01, 0.02, -0.01], [0.02, -0.01, 0.01], [-0.01, 0.01, 0.02]]> : tensor<3x3xf32>
+  %y2 = stablehlo.dot_general %r1, %k2, contracting_dims = [1] x [0] : (tensor<8x3xf32>, tensor<3x3xf32>) -> tensor<8x3xf32>
+  %g2 = stablehlo.constant dense<[0.5, 0.25, 0.5]> : tensor<3xf32>
+  %b2 = stablehlo.constant dense<[3.5, 2.0, 0.5]> : tensor<3xf32>
+  %m2 = stablehlo.constant dense<[0.05, 0.0, 0.0]> : tensor<3xf32>
+  %v2 = stablehlo.constant dense<[0.01, 0.01, 0.01]> : tensor<3xf32>
+  %n2 = "stablehlo.batch_norm_inference"(%y2, %g2, %b2, %m2, %v2) {epsilon = 0.0 : f32, feature_index = 1 : i64} : (tensor<8x3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) -> tensor<8x3xf32>
+  %r2 = stablehlo.clamp %zero, %n2, %six : (tensor<f32>, tensor<8x3xf32>, tensor<f32>) -> tensor<8x3xf32>
+  %k3 = stablehlo.constant dense<[[1.0, -2.0], [0.5, 0.1], [-1.0, 3.0]]> : tensor<3x2xf32>
+  %z = stablehlo.dot_general %r2, %k3, contracting_dims = [1] x [0] : (tensor<8x3xf32>, tensor<3x2xf32>) -> tensor<8x2xf32>
+  return %z : tensor<8x2xf32>
+}
+"""
+
+
+def test_high_bias_of_the_next_link_uses_its_own_statistics():
+    """Link 1 restores layer 2's pre-activation, so link 2 absorbs exactly
+    (beta2 - 3|gamma2|) / s2, not that plus what link 1 moved."""
+    absorbed = equalize(THREE_LAYERS, absorb_high_bias=True)
+    [eq] = absorbed.report.equalized
+    first, second = eq.high_bias
+    assert first["absorbed"] and second["absorbed"], eq.high_bias
+    c2 = np.maximum(0.0, np.array([3.5, 2.0, 0.5]) - 3 * np.array([0.5, 0.25, 0.5]))
+    expected = c2 / eq.params["scale1"]
+    assert second["absorbed_max"] == pytest.approx(expected.max(), rel=1e-6)
+    assert relative_error(THREE_LAYERS, absorbed.serialize().decode()) < 1e-5
+
+
 def test_high_bias_refusals_are_reported():
     report = equalize((MODELS / "keras_mobilenetv2_nhwc.mlir").read_text(),
                       absorb_high_bias=True).report

@@ -389,11 +389,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch, torchvision, torchax = import_torch()
     torch.set_num_threads(2)
-    rng = np.random.default_rng(0)
     rows: list[Row] = []
     notes: list[str] = []
-    builders = {"mobilenet_v2": lambda: mobilenet_v2(torch, torchvision, rng),
-                "digits": lambda: digits(torch, args.epochs, rng)}
+    # one generator per model, so --only repeats the full run's numbers
+    builders = {"mobilenet_v2": lambda: mobilenet_v2(torch, torchvision, np.random.default_rng(0)),
+                "digits": lambda: digits(torch, args.epochs, np.random.default_rng(1))}
     for name, build in builders.items():
         if args.only and name != args.only:
             continue

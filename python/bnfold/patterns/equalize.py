@@ -35,11 +35,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from bnfold import elements, producers, scaling
+from bnfold import border, elements, producers, scaling
 from bnfold.constants import Evaluator
 from bnfold.graph import callee_name, function_name, symbol_name, users
 from bnfold.ir import ir, op_id
@@ -103,6 +104,8 @@ class SetPlan:
     # and new bias adds (producer, per-channel vector, result axis)
     extra: list[tuple[scaling.Edit, np.ndarray]] = field(default_factory=list)
     new_biases: list[tuple[ir.Operation, np.ndarray, int]] = field(default_factory=list)
+    # and exact shifts of zero-padded layers (varying near the borders)
+    corrections: list[tuple[ir.Operation, border.Correction]] = field(default_factory=list)
     high_bias: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -368,14 +371,29 @@ def apply(planned: SetPlan) -> None:
             edit.op.operands[edit.operand] = rewrite.broadcast_constant(
                 vector, edit.like, [edit.axis], edit.op.location)
     for op, vector, axis in planned.new_biases:
-        result = op.results[0]
-        readers = users(result)
-        with ir.InsertionPoint.after(op):
-            added = rewrite.bias_add(result, vector, axis, op.location)
-        for reader in readers:
-            for i, operand in enumerate(reader.operands):
-                if operand == result:
-                    reader.operands[i] = added
+        _add_after(op, partial(rewrite.bias_add, bias=vector, axis=axis, loc=op.location))
+    for op, corr in planned.corrections:
+        _add_after(op, partial(_border_shift, conv=op, corr=corr))
+
+
+def _border_shift(result: ir.Value, conv: ir.Operation, corr: border.Correction) -> ir.Value:
+    """`result + C`, C the correction table expanded over `conv`'s output."""
+    dims = producers.conv_dims(conv)
+    return rewrite.constant_add(
+        result, corr.table, [*dims.output_spatial_dimensions, dims.output_feature_dimension],
+        conv.location, partial(border.expand, c=corr))
+
+
+def _add_after(op: ir.Operation, build: Callable[[ir.Value], ir.Value]) -> None:
+    """Inserts `build(result)` right after `op` and reads it wherever `op`'s result was read."""
+    result = op.results[0]
+    readers = users(result)
+    with ir.InsertionPoint.after(op):
+        added = build(result)
+    for reader in readers:
+        for i, operand in enumerate(reader.operands):
+            if operand == result:
+                reader.operands[i] = added
 
 
 def range_ratio(ranges: np.ndarray) -> float:

@@ -14,13 +14,20 @@ Before (after equalization):
     %o = stablehlo.add %z, %b2_b
 
 After (activation ranges shrink by c; the output changes only where y < c,
-about 0.13% of inputs, and at layer 2's zero-padded borders, which see the
-shift as zeros):
+about 0.13% of inputs):
 
     %a = stablehlo.add %conv1, %b1_minus_c_b
     %r = stablehlo.clamp %zero, %a, %six_minus_c_b
     %z = stablehlo.convolution(%r, %k2) ...
     %o = stablehlo.add %z, %b2_plus_k2c_b             // + sum over k2's window of k2 * c
+
+Layer 2's pre-activation is restored, so its own statistics still hold for
+the next link. Where layer 2 zero-pads, the padded taps see zeros in both
+programs, which now stand for different values: the output near the borders
+then gets `bnfold.border`'s exact correction (a small table of row classes)
+instead of a per-channel bias. An explicit `stablehlo.pad` between the layers,
+or a correction too large to store, keeps the per-channel bias and the report
+says that the borders differ.
 
 The statistics come from the fold report (`batch_norm_inference` operands,
 or recovered from a decomposed chain by `bnfold.statistics`). Refused with a
@@ -36,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from bnfold import producers
+from bnfold import border, producers
 from bnfold.constants import Evaluator, per_channel
 from bnfold.graph import users
 from bnfold.ir import ir, op_id
@@ -61,20 +68,15 @@ def plan(planned: SetPlan, stats: Stats, axes: Axes, evaluator: Evaluator
     """Adjusts `planned` (bias, activation bounds, next bias) link by link; returns what
     each link absorbed, or why not, for the report."""
     records: list[dict[str, Any]] = []
-    carried = None  # what the previous link added to this link's layer-1 bias
     for index, link in enumerate(planned.links):
-        result = _absorb(planned, index, link, stats, carried, axes, evaluator)
-        if isinstance(result, str):
-            records.append({"link": index, "absorbed": False, "reason": result})
-            carried = None
-            continue
-        record, carried = result
-        records.append(record)
+        result = _absorb(planned, index, link, stats, axes, evaluator)
+        records.append({"link": index, "absorbed": False, "reason": result}
+                       if isinstance(result, str) else result)
     return records
 
 
-def _absorb(planned: SetPlan, index: int, link: Link, stats: Stats, carried: np.ndarray | None,
-            axes: Axes, evaluator: Evaluator) -> tuple[dict[str, Any], np.ndarray] | str:
+def _absorb(planned: SetPlan, index: int, link: Link, stats: Stats, axes: Axes,
+            evaluator: Evaluator) -> dict[str, Any] | str:
     pair = link.pair
     found = stats(pair.first.op)
     if found is None or "gamma" not in found:
@@ -89,7 +91,7 @@ def _absorb(planned: SetPlan, index: int, link: Link, stats: Stats, carried: np.
     if not _has_relu(pair.region.edits):
         return "no ReLU-like lower bound at 0 between the layers"
     s = pair.scale
-    beta = found["beta"] / s + (carried if carried is not None else 0.0)
+    beta = found["beta"] / s
     spread = np.abs(found["gamma"]) / s
     c = np.maximum(0.0, beta - SIGMAS * spread)
     uppers = _uppers(link, planned)
@@ -101,17 +103,24 @@ def _absorb(planned: SetPlan, index: int, link: Link, stats: Stats, carried: np.
     for upper in uppers:
         upper[:] -= c
     second = pair.second
-    delta = _through_kernel(planned, second, c, axes, signed=True)
-    _add_to_output_bias(planned, index, second, delta, axes, evaluator)
-    padded = _zero_padded(second.op) or any(op.name == "stablehlo.pad" for op in ops)
+    exact = "exact except where an input falls below beta - 3*gamma"
+    corrected = _border_correction(planned, second, c) if _zero_padded(second.op) else None
+    if isinstance(corrected, border.Correction):
+        planned.corrections.append((second.op, corrected))
+        exact += " (zero-padded borders corrected exactly)"
+    else:
+        delta = _through_kernel(planned, second, c, axes, signed=True)
+        _add_to_output_bias(planned, index, second, delta, axes, evaluator)
+        if isinstance(corrected, str):
+            exact = f"borders differ: zero padding in layer 2 sees the shift ({corrected})"
+        elif any(op.name == "stablehlo.pad" for op in ops):
+            exact = "borders differ: an explicit zero pad before layer 2 sees the shift"
     estimate = float(np.max(_through_kernel(planned, second, _TAIL * spread, axes)))
     return {
         "link": index, "absorbed": True, "channels": int(np.count_nonzero(c)),
         "absorbed_max": float(c.max()), "absorbed_mean": float(c.mean()),
-        "estimated_output_change": estimate,
-        "exact": ("borders differ: zero padding before layer 2 sees the shift" if padded else
-                  "exact except where an input falls below beta - 3*gamma"),
-    }, delta
+        "estimated_output_change": estimate, "exact": exact,
+    }
 
 
 def _constant(link: Link, planned: SetPlan, which: Callable[[Edit], bool]) -> np.ndarray | None:
@@ -170,6 +179,23 @@ def _through_kernel(planned: SetPlan, layer: Layer, vector: np.ndarray, axes: Ax
     product = weights * mapping.expand(vector, kernel.shape)
     out = axes(layer.op)[1]
     return product.sum(axis=tuple(d for d in range(kernel.ndim) if d != out))
+
+
+def _border_correction(planned: SetPlan, layer: Layer, c: np.ndarray
+                       ) -> border.Correction | str | None:
+    """Layer 2's exact output shift for its input lowered by `c` under zero padding:
+    a table that varies near the borders; None when every position sees every tap."""
+    win = border.window(layer.op)
+    if isinstance(win, str):
+        return win
+    kernel = _kernel(planned, layer)
+    assert layer.in_axis is not None
+    mapping = producers.InputScaleMap(layer.operand, layer.in_axis, layer.out_axis, layer.groups)
+    limit = int(np.prod(kernel.shape)) + border.MARGIN_ELEMENTS
+    corr = border.correction(layer.op, win, kernel * mapping.expand(c, kernel.shape), limit)
+    if isinstance(corr, border.Correction) and corr.is_uniform:
+        return None
+    return corr
 
 
 def _add_to_output_bias(planned: SetPlan, index: int, layer: Layer, delta: np.ndarray,
