@@ -114,7 +114,8 @@ class Correction:
 
     @property
     def is_uniform(self) -> bool:
-        """Every position sees every tap: `C` is the plain per-feature bias."""
+        """Every output position sees the same taps: `C` is one value per feature (the
+        kernel's sum when no tap reads padding)."""
         return all(len(r) == 1 for r in self.runs)
 
     def add_bias(self, bias: np.ndarray) -> Correction:

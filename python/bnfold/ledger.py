@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
+
 from bnfold.graph import function_name
 from bnfold.ir import format_location, ir, op_id
 from bnfold.report import Equalized, Fold, Report, Skip
@@ -51,6 +53,8 @@ class Ledger:
         self.equalize = False
         # new producer (op key) -> the backward fold it absorbed (its statistics)
         self.producer_folds: dict[int, Fold] = {}
+        # (mean, spread) per channel of a producer's output after its fold (high-bias absorption)
+        self.output_statistics: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.equalized: list[Equalized] = []
         self._not_equalized: list[Skip] = []
 

@@ -30,6 +30,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from bnfold import affine, chains, elements, overlay, statistics
 from bnfold.affine import Analysis, Step
 from bnfold.binding import bind_arguments
@@ -254,11 +256,14 @@ class _Pass:
         fold = self.ledger.fold(_fold_record(self.ledger, source.leaves[0], norm, plan.affine,
                                              "backward", plan.kernel_rounding, list(plan.steps)),
                                 [s.op for s in plan.steps])
+        evaluator = self.analysis.evaluator
         if "gamma" not in fold.params and fold.kind == "normalization":
-            fold.params.update(statistics.recover(list(plan.steps), plan.affine,
-                                                  self.analysis.evaluator) or {})
+            fold.params.update(statistics.recover(list(plan.steps), plan.affine, evaluator) or {})
+        output = statistics.pre_activation(list(plan.steps), plan.affine, fold.params, evaluator)
         for producer in replaced.values():
             self.ledger.producer_folds[op_key(producer)] = fold
+            if output is not None:
+                self.ledger.output_statistics[op_key(producer)] = output
         rest = list(chain.steps[len(plan.steps):])
         if plan.rest_reason and affine.looks_like_normalization(rest):
             self._note(rest, backward=plan.rest_reason)
@@ -357,9 +362,8 @@ def _equalize(module: ir.Module, funcs: list[ir.Operation], ledger: Ledger,
     evaluator = Evaluator(module)
     adjust = None
     if absorb_high_bias:
-        def stats(op: ir.Operation) -> dict[str, Any] | None:
-            fold = ledger.producer_folds.get(op_key(op))
-            return None if fold is None else fold.params
+        def stats(op: ir.Operation) -> tuple[np.ndarray, np.ndarray] | None:
+            return ledger.output_statistics.get(op_key(op))
 
         def axes(op: ir.Operation) -> tuple[int, int]:
             found = equalize.output_axis(op, evaluator)

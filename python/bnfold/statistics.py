@@ -15,6 +15,11 @@ The variance and epsilon are the operands of the `add` under `rsqrt` (or
     gamma = s * sqrt(var + eps)          beta = t + s * mean
 
 `batch_norm_inference` carries them as operands and needs none of this.
+
+`pre_activation` gives what high-bias absorption needs from either form: the
+mean and spread of the folded chain's *output*, which differ from the batch
+norm's own `beta` and `|gamma|` when other steps (a bias add, a scale) follow
+it in the chain.
 """
 
 from __future__ import annotations
@@ -59,6 +64,40 @@ def recover(steps: list[Step], fit: Affine, evaluator: Evaluator) -> dict[str, n
     var, eps = variance
     return {"gamma": fit.scale * np.sqrt(var + eps), "beta": fit.shift + fit.scale * (mean - bias),
             "mean": mean, "variance": var, "epsilon": eps}
+
+
+def pre_activation(steps: list[Step], fit: Affine, params: dict[str, np.ndarray],
+                   evaluator: Evaluator) -> tuple[np.ndarray, np.ndarray] | None:
+    """(mean, spread) per channel of the chain's output `y = x * s + t`, or None.
+
+    The batch norm saw `x + bias` (the adds before it) with mean `mean` and
+    variance `var`, so `E[y] = t + s * (mean - bias)` and its spread is
+    `|s| * sqrt(var + eps)`: `beta` and `|gamma|` for a batch norm alone.
+    None when the statistics are missing or a step other than an add or a
+    layout change comes before the batch norm (its statistics would not
+    describe `x`)."""
+    if not {"mean", "variance", "epsilon"} <= params.keys():
+        return None
+    if any(step.name == "stablehlo.batch_norm_inference" for step in steps):
+        bias = np.zeros(fit.channels)
+        for step in steps:
+            if step.name == "stablehlo.batch_norm_inference":
+                break
+            if step.name in LAYOUT:
+                continue
+            if step.name != "stablehlo.add" or step.parameter:
+                return None
+            constant = _vector(step.op.operands[1 - step.x_index], evaluator, fit.channels)
+            if constant is None:
+                return None
+            bias = bias + constant
+    else:  # decomposed: `recover` found the statistics with the same reading
+        leading = _leading(steps, evaluator, fit.channels)
+        if leading is None:
+            return None
+        bias = leading[0]
+    spread = np.abs(fit.scale) * np.sqrt(params["variance"] + params["epsilon"])
+    return fit.shift + fit.scale * (params["mean"] - bias), spread
 
 
 def _leading(steps: list[Step], evaluator: Evaluator, channels: int

@@ -2,10 +2,11 @@
 
 High-bias absorption (Nagel et al., "Data-Free Quantization", ICCV 2019),
 run on an equalized set. Layer 1's pre-activation `y` per channel is, by its
-folded batch norm, distributed around `beta` with spread `|gamma|` (after
-equalization: `beta / s`, `|gamma| / s`). Where `c = max(0, beta - 3|gamma|)`
-is positive, `relu(y) = relu(y - c) + c` for every `y >= c`, i.e. almost
-surely, and the constant `c` passes linearly through layer 2 into its bias.
+folded batch norm, distributed around `beta` with spread `|gamma|` (the
+chain's output mean and spread, `bnfold.statistics.pre_activation`: other
+steps in the chain count too; after equalization: divided by `s`). Where
+`c = max(0, beta - 3|gamma|)` is positive, `relu(y) = relu(y - c) + c` for
+every `y >= c`, i.e. almost surely, and the constant `c` passes linearly through layer 2 into its bias.
 Before (after equalization):
 
     %a = stablehlo.add %conv1, %b1_b                  // y
@@ -22,12 +23,12 @@ about 0.13% of inputs):
     %o = stablehlo.add %z, %b2_plus_k2c_b             // + sum over k2's window of k2 * c
 
 Layer 2's pre-activation is restored, so its own statistics still hold for
-the next link. Where layer 2 zero-pads, the padded taps see zeros in both
-programs, which now stand for different values: the output near the borders
-then gets `bnfold.border`'s exact correction (a small table of row classes)
-instead of a per-channel bias. An explicit `stablehlo.pad` between the layers,
-or a correction too large to store, keeps the per-channel bias and the report
-says that the borders differ.
+the next link. Where layer 2 zero-pads (or is transposed: lhs_dilation holes),
+those taps see zeros in both programs, which now stand for different values:
+the output near the borders then gets `bnfold.border`'s exact correction (a
+small table of row classes) instead of a per-channel bias. An explicit
+`stablehlo.pad` between the layers, or a correction too large to store, keeps
+the per-channel bias and the report says that the borders differ.
 
 The statistics come from the fold report (`batch_norm_inference` operands,
 or recovered from a decomposed chain by `bnfold.statistics`). Refused with a
@@ -58,7 +59,8 @@ _TAIL = math.exp(-SIGMAS ** 2 / 2) / math.sqrt(2 * math.pi) - SIGMAS * 0.5 * mat
 _ALLOWED = ("stablehlo.add", "stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp",
             "stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert", "stablehlo.pad")
 
-Stats = Callable[[ir.Operation], dict[str, np.ndarray] | None]
+# (mean, spread) per channel of a producer's output, from its folded batch norm
+Stats = Callable[[ir.Operation], tuple[np.ndarray, np.ndarray] | None]
 # (result axis of output channels, kernel axis of output channels) of a producer
 Axes = Callable[[ir.Operation], tuple[int, int]]
 
@@ -79,8 +81,9 @@ def _absorb(planned: SetPlan, index: int, link: Link, stats: Stats, axes: Axes,
             evaluator: Evaluator) -> dict[str, Any] | str:
     pair = link.pair
     found = stats(pair.first.op)
-    if found is None or "gamma" not in found:
-        return "layer 1 has no batch-norm statistics (it did not absorb a recognisable batch norm)"
+    if found is None:
+        return ("layer 1 has no batch-norm statistics (it did not absorb a recognisable batch "
+                "norm, or a scale before the batch norm hides what they describe)")
     ops = pair.region.ops
     odd = [op.name for op in ops if op.name not in _ALLOWED]
     if odd:
@@ -91,9 +94,8 @@ def _absorb(planned: SetPlan, index: int, link: Link, stats: Stats, axes: Axes,
     if not _has_relu(pair.region.edits):
         return "no ReLU-like lower bound at 0 between the layers"
     s = pair.scale
-    beta = found["beta"] / s
-    spread = np.abs(found["gamma"]) / s
-    c = np.maximum(0.0, beta - SIGMAS * spread)
+    mean, spread = found[0] / s, found[1] / s
+    c = np.maximum(0.0, mean - SIGMAS * spread)
     uppers = _uppers(link, planned)
     for upper in uppers:  # a channel that always saturates passes its bound, no more
         c = np.minimum(c, np.maximum(upper, 0.0))
@@ -104,15 +106,19 @@ def _absorb(planned: SetPlan, index: int, link: Link, stats: Stats, axes: Axes,
         upper[:] -= c
     second = pair.second
     exact = "exact except where an input falls below beta - 3*gamma"
-    corrected = _border_correction(planned, second, c) if _zero_padded(second.op) else None
-    if isinstance(corrected, border.Correction):
+    corrected = _border_correction(planned, second, c) if _reads_zeros(second.op) else None
+    if isinstance(corrected, border.Correction) and not corrected.is_uniform:
         planned.corrections.append((second.op, corrected))
-        exact += " (zero-padded borders corrected exactly)"
+        exact += " (zero-padded borders and dilation holes corrected exactly)"
     else:
-        delta = _through_kernel(planned, second, c, axes, signed=True)
+        # Every output position sees the same taps: one value per channel, which is
+        # the kernel's sum only when no tap reads an inserted zero.
+        delta = (corrected.table.reshape(-1) if isinstance(corrected, border.Correction)
+                 else _through_kernel(planned, second, c, axes, signed=True))
         _add_to_output_bias(planned, index, second, delta, axes, evaluator)
         if isinstance(corrected, str):
-            exact = f"borders differ: zero padding in layer 2 sees the shift ({corrected})"
+            exact = ("borders differ: layer 2's zero padding or dilation holes see the shift "
+                     f"({corrected})")
         elif any(op.name == "stablehlo.pad" for op in ops):
             exact = "borders differ: an explicit zero pad before layer 2 sees the shift"
     estimate = float(np.max(_through_kernel(planned, second, _TAIL * spread, axes)))
@@ -181,10 +187,9 @@ def _through_kernel(planned: SetPlan, layer: Layer, vector: np.ndarray, axes: Ax
     return product.sum(axis=tuple(d for d in range(kernel.ndim) if d != out))
 
 
-def _border_correction(planned: SetPlan, layer: Layer, c: np.ndarray
-                       ) -> border.Correction | str | None:
-    """Layer 2's exact output shift for its input lowered by `c` under zero padding:
-    a table that varies near the borders; None when every position sees every tap."""
+def _border_correction(planned: SetPlan, layer: Layer, c: np.ndarray) -> border.Correction | str:
+    """Layer 2's exact output shift for its input lowered by `c` where some taps read
+    inserted zeros: a table that varies near the borders, or why it cannot be built."""
     win = border.window(layer.op)
     if isinstance(win, str):
         return win
@@ -192,10 +197,7 @@ def _border_correction(planned: SetPlan, layer: Layer, c: np.ndarray
     assert layer.in_axis is not None
     mapping = producers.InputScaleMap(layer.operand, layer.in_axis, layer.out_axis, layer.groups)
     limit = int(np.prod(kernel.shape)) + border.MARGIN_ELEMENTS
-    corr = border.correction(layer.op, win, kernel * mapping.expand(c, kernel.shape), limit)
-    if isinstance(corr, border.Correction) and corr.is_uniform:
-        return None
-    return corr
+    return border.correction(layer.op, win, kernel * mapping.expand(c, kernel.shape), limit)
 
 
 def _add_to_output_bias(planned: SetPlan, index: int, layer: Layer, delta: np.ndarray,
@@ -229,7 +231,14 @@ def _first_op_is_bias(link: Link) -> bool:
         link.pair.first.op.results[0] in list(ops[0].operands)
 
 
-def _zero_padded(op: ir.Operation) -> bool:
-    if op.name != "stablehlo.convolution" or "padding" not in op.attributes:
+def _reads_zeros(op: ir.Operation) -> bool:
+    """A convolution some of whose taps read inserted zeros: padding, or the holes of
+    lhs_dilation (a transposed convolution)."""
+    if op.name != "stablehlo.convolution":
         return False
-    return bool(np.any(np.asarray(ir.DenseIntElementsAttr(op.attributes["padding"])) != 0))
+    attrs = op.attributes
+    padded = "padding" in attrs and \
+        bool(np.any(np.asarray(ir.DenseIntElementsAttr(attrs["padding"])) > 0))
+    dilated = "lhs_dilation" in attrs and \
+        any(int(v) > 1 for v in ir.DenseI64ArrayAttr(attrs["lhs_dilation"]))
+    return padded or dilated
