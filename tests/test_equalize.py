@@ -341,18 +341,26 @@ def _imbalanced(shape: tuple[int, ...], axis: int, rng: np.random.Generator) -> 
     return values * np.reshape(spread, [-1 if d == axis else 1 for d in range(len(shape))])
 
 
-@given(second=modgen.convs(), acts=st.tuples(st.sampled_from(ACTIVATIONS), st.sampled_from(ACTIVATIONS)),
-       triplet=st.booleans(), cin=st.integers(1, 3), seed=st.integers(0, 2**16))
-def test_random_pairs_and_triplets_keep_the_function(second, acts, triplet, cin, seed):
-    p2, _ = second
+def _layer_1(p2: modgen.Conv, cin: int, seed: int, weight: float = 1.0
+             ) -> tuple[modgen.Conv, modgen.Conv, modgen.Builder, modgen.V, np.random.Generator]:
+    """A 1x1 layer 1 with per-channel imbalanced weights (times `weight`) producing the
+    input of layer 2 (`p2`, whose positive padding stays an attribute)."""
     if p2.has_positive_pad() and p2.explicit_pad:
         p2 = replace(p2, explicit_pad=False)
     rng = np.random.default_rng(seed)
     p1 = modgen.first_conv(p2, cin)
     b = modgen.Builder("f32")
     x = b.arg(p1.in_shape())
-    k1 = b.const(_imbalanced(p1.kernel_shape(), p1.kernel_layout.index("o"), rng), p1.kernel_shape())
-    h = _activation(b, p1.render(b, x, k1), acts[0], p1.out_axis, rng)
+    k1 = b.const(_imbalanced(p1.kernel_shape(), p1.kernel_layout.index("o"), rng) * weight,
+                 p1.kernel_shape())
+    return p1, p2, b, p1.render(b, x, k1), rng
+
+
+@given(second=modgen.convs(), acts=st.tuples(st.sampled_from(ACTIVATIONS), st.sampled_from(ACTIVATIONS)),
+       triplet=st.booleans(), cin=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_random_pairs_and_triplets_keep_the_function(second, acts, triplet, cin, seed):
+    p1, p2, b, y, rng = _layer_1(second[0], cin, seed)
+    h = _activation(b, y, acts[0], p1.out_axis, rng)
     k2 = b.const(rng.normal(0, 1, p2.kernel_shape()), p2.kernel_shape())
     out = p2.render(b, h, k2)
     if triplet:
@@ -392,17 +400,8 @@ def test_random_high_bias_absorption_is_exact_within_three_sigma(second, cin, se
     strides, padding, dilations, transposed, reversed): every pre-activation stays within
     0.05 of beta, above beta - 3|gamma|, so absorption must keep the function exactly,
     zero-padded borders included; channels past 6 are absorbed up to the bound."""
-    p2, _ = second
-    assume(p2.batch_groups == 1)
-    if p2.has_positive_pad() and p2.explicit_pad:
-        p2 = replace(p2, explicit_pad=False)
-    rng = np.random.default_rng(seed)
-    p1 = modgen.first_conv(p2, cin)
-    b = modgen.Builder("f32")
-    x = b.arg(p1.in_shape())
-    k1 = b.const(_imbalanced(p1.kernel_shape(), p1.kernel_layout.index("o"), rng) * 1e-3,
-                 p1.kernel_shape())
-    y = p1.render(b, x, k1)
+    assume(second[0].batch_groups == 1)
+    p1, p2, b, y, rng = _layer_1(second[0], cin, seed, weight=1e-3)
     n = p2.in_features
 
     def stat(values: np.ndarray, name: str) -> modgen.V:
