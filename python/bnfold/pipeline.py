@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from bnfold import affine, chains, elements, overlay, statistics
+from bnfold import affine, chains, elements, statistics
 from bnfold.affine import Analysis, Step
 from bnfold.binding import bind_arguments
 from bnfold.cleanup import remove_dead_ops
@@ -42,15 +42,7 @@ from bnfold.graph import function_name, is_dead, symbol_name
 from bnfold.graph import functions as module_functions
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger, Refusal, op_key
-from bnfold.patterns import (
-    PATTERNS,
-    backward_affine,
-    equalize,
-    expand_batch_norm,
-    forward_affine,
-    high_bias,
-    inline_calls,
-)
+from bnfold.patterns import PATTERNS, backward_affine, expand_batch_norm, forward_affine, inline_calls
 from bnfold.report import Equalized, Fold, Report
 
 PASS_NAME = "bnfold"
@@ -182,7 +174,7 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
         return [f for f in module_functions(module) if symbol_name(f) not in options.skip_functions]
 
     funcs = selected()
-    ledger = Ledger(source_name, overlay.node_ids(module) if graph_nodes else None)
+    ledger = Ledger(source_name, _node_ids(module) if graph_nodes else None)
     with module.context, ir.Location.unknown():
         if options.enabled(inline_calls.NAME):
             changed, ledger.inlined = inline_calls.run(
@@ -357,8 +349,17 @@ class _Pass:
         return f"{upstream}; {chains.downstream_reason(chain)}"
 
 
+def _node_ids(module: ir.Module) -> dict[int, tuple[str, str]]:
+    from bnfold import overlay  # imported on demand: only --report-overlay needs it
+
+    return overlay.node_ids(module)
+
+
 def _equalize(module: ir.Module, funcs: list[ir.Operation], ledger: Ledger,
               absorb_high_bias: bool) -> None:
+    # Imported on demand: most runs only fold, and every import is start-up time.
+    from bnfold.patterns import equalize, high_bias
+
     evaluator = Evaluator(module)
     adjust = None
     if absorb_high_bias:
