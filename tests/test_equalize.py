@@ -288,6 +288,21 @@ def test_high_bias_uses_the_statistics_of_the_whole_chain():
     assert relative_error(text, absorbed.serialize().decode()) < 1e-5
 
 
+def test_high_bias_that_would_overflow_f16_is_refused_and_undone():
+    """The precision contract: K2 * c past f16's range refuses the link, and layer 1's
+    bias and ReLU6 bound keep their equalized values (no half-absorbed state)."""
+    text = HIGH_BIAS.replace("f32", "f16").replace("epsilon = 0.0 : f16", "epsilon = 0.0 : f32")
+    text = text.replace("dense<[[[[1.0, -2.0], [0.5, 0.1], [-1.0, 3.0]]]]>",
+                        "dense<[[[[60000.0, -20000.0], [0.5, 0.1], [1.0, 3.0]]]]>")
+    plain = equalize(text).serialize().decode()
+    absorbed = equalize(text, absorb_high_bias=True)
+    [eq] = absorbed.report.equalized
+    [record] = eq.high_bias
+    assert not record["absorbed"]
+    assert "overflows f16" in record["reason"]
+    assert absorbed.serialize().decode() == plain
+
+
 def test_high_bias_refusals_are_reported():
     report = equalize((MODELS / "keras_mobilenetv2_nhwc.mlir").read_text(),
                       absorb_high_bias=True).report

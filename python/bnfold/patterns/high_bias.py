@@ -6,7 +6,8 @@ folded batch norm, distributed around `beta` with spread `|gamma|` (the
 chain's output mean and spread, `bnfold.statistics.pre_activation`: other
 steps in the chain count too; after equalization: divided by `s`). Where
 `c = max(0, beta - 3|gamma|)` is positive, `relu(y) = relu(y - c) + c` for
-every `y >= c`, i.e. almost surely, and the constant `c` passes linearly through layer 2 into its bias.
+every `y >= c`, i.e. almost surely, and the constant `c` passes linearly
+through layer 2 into its bias.
 Before (after equalization):
 
     %a = stablehlo.add %conv1, %b1_b                  // y
@@ -32,8 +33,9 @@ the per-channel bias and the report says that the borders differ.
 
 The statistics come from the fold report (`batch_norm_inference` operands,
 or recovered from a decomposed chain by `bnfold.statistics`). Refused with a
-reason: no statistics, no ReLU-like lower bound at 0 between the layers, or
-an op between them other than the bias add, the activation and layout ops.
+reason: a constant it would change no longer fits its type, no statistics,
+no ReLU-like lower bound at 0 between the layers, or an op between them
+other than the bias add, the activation and layout ops.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 
 import numpy as np
 
-from bnfold import border, producers
+from bnfold import border, elements, precision, producers
 from bnfold.constants import Evaluator, per_channel
 from bnfold.graph import users
 from bnfold.ir import ir, op_id
@@ -71,10 +73,48 @@ def plan(planned: SetPlan, stats: Stats, axes: Axes, evaluator: Evaluator
     each link absorbed, or why not, for the report."""
     records: list[dict[str, Any]] = []
     for index, link in enumerate(planned.links):
+        saved = _snapshot(planned)
         result = _absorb(planned, index, link, stats, axes, evaluator)
+        if not isinstance(result, str) and (problem := _overflow(planned)) is not None:
+            _restore(planned, saved)  # the precision contract: this link absorbs nothing
+            result = f"{problem} once the bias is absorbed"
         records.append({"link": index, "absorbed": False, "reason": result}
                        if isinstance(result, str) else result)
     return records
+
+
+_Snapshot = tuple[list[list[tuple[Edit, np.ndarray]]], list[tuple[Edit, np.ndarray]],
+                  list[tuple[ir.Operation, np.ndarray, int]],
+                  list[tuple[ir.Operation, border.Correction]]]
+
+
+def _snapshot(planned: SetPlan) -> _Snapshot:
+    """Copies of every constant high-bias absorption may change."""
+    return ([[(e, v.copy()) for e, v in link.constants] for link in planned.links],
+            [(e, v.copy()) for e, v in planned.extra], list(planned.new_biases),
+            list(planned.corrections))
+
+
+def _restore(planned: SetPlan, saved: _Snapshot) -> None:
+    constants, extra, new_biases, corrections = saved
+    for link, kept in zip(planned.links, constants, strict=True):
+        link.constants[:] = kept
+    planned.extra[:] = extra
+    planned.new_biases[:] = new_biases
+    planned.corrections[:] = corrections
+
+
+def _overflow(planned: SetPlan) -> str | None:
+    """Why a planned constant does not fit its element type, or None."""
+    edits = [pair for link in planned.links for pair in link.constants] + planned.extra
+    checks = [(vector, edit.like) for edit, vector in edits]
+    checks += [(vector, op.results[0]) for op, vector, _ in planned.new_biases]
+    checks += [(corr.table, op.results[0]) for op, corr in planned.corrections]
+    for values, like in checks:
+        dtype = elements.numpy_dtype(ir.RankedTensorType(like.type).element_type)
+        if dtype is not None and (problem := precision.check_bias(values, dtype)):
+            return problem
+    return None
 
 
 def _absorb(planned: SetPlan, index: int, link: Link, stats: Stats, axes: Axes,
@@ -174,17 +214,23 @@ def _kernel(planned: SetPlan, layer: Layer) -> np.ndarray:
     return np.broadcast_to(rounded, layer.kernel.shape).astype(np.float64)
 
 
-def _through_kernel(planned: SetPlan, layer: Layer, vector: np.ndarray, axes: Axes,
-                    signed: bool = False) -> np.ndarray:
-    """Per output channel of `layer`: sum over its window and input channels of
-    K * vector (or |K| * vector), with the new (equalized, rounded) kernel."""
+def _weighted(planned: SetPlan, layer: Layer, vector: np.ndarray, signed: bool = True
+              ) -> np.ndarray:
+    """K * vector (or |K| * vector) along `layer`'s input channels, with the new
+    (equalized, rounded) kernel, in float64 and the kernel's shape."""
     kernel = _kernel(planned, layer)
     assert layer.in_axis is not None
     mapping = producers.InputScaleMap(layer.operand, layer.in_axis, layer.out_axis, layer.groups)
-    weights = kernel if signed else np.abs(kernel)
-    product = weights * mapping.expand(vector, kernel.shape)
+    return (kernel if signed else np.abs(kernel)) * mapping.expand(vector, kernel.shape)
+
+
+def _through_kernel(planned: SetPlan, layer: Layer, vector: np.ndarray, axes: Axes,
+                    signed: bool = False) -> np.ndarray:
+    """Per output channel of `layer`: sum over its window and input channels of
+    K * vector (or |K| * vector)."""
+    product = _weighted(planned, layer, vector, signed)
     out = axes(layer.op)[1]
-    return product.sum(axis=tuple(d for d in range(kernel.ndim) if d != out))
+    return product.sum(axis=tuple(d for d in range(product.ndim) if d != out))
 
 
 def _border_correction(planned: SetPlan, layer: Layer, c: np.ndarray) -> border.Correction | str:
@@ -193,11 +239,9 @@ def _border_correction(planned: SetPlan, layer: Layer, c: np.ndarray) -> border.
     win = border.window(layer.op)
     if isinstance(win, str):
         return win
-    kernel = _kernel(planned, layer)
-    assert layer.in_axis is not None
-    mapping = producers.InputScaleMap(layer.operand, layer.in_axis, layer.out_axis, layer.groups)
-    limit = int(np.prod(kernel.shape)) + border.MARGIN_ELEMENTS
-    return border.correction(layer.op, win, kernel * mapping.expand(c, kernel.shape), limit)
+    weighted = _weighted(planned, layer, c)
+    limit = weighted.size + border.MARGIN_ELEMENTS
+    return border.correction(layer.op, win, weighted, limit)
 
 
 def _add_to_output_bias(planned: SetPlan, index: int, layer: Layer, delta: np.ndarray,
