@@ -27,6 +27,8 @@ from bnfold.ir import ir
 
 @dataclass(frozen=True)
 class Chain:
+    """A maximal run of linked affine steps, head first."""
+
     steps: tuple[Step, ...]
 
     @property
@@ -40,6 +42,8 @@ class Chain:
 
 @dataclass
 class Candidates:
+    """What one walk of the module found."""
+
     producers: list[ir.Operation]
     chains: list[Chain]
     batch_norms: list[ir.Operation]  # every batch_norm_inference, in a chain or not

@@ -9,11 +9,9 @@ from __future__ import annotations
 
 import argparse
 import functools
-import json
 import os
 import re
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -55,6 +53,29 @@ class _Parser(argparse.ArgumentParser):
         self.exit(1, f"{self.prog}: error: {message}\n")
 
 
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """argparse's formatter at the terminal's width, found the way
+    shutil.get_terminal_size() does but without importing shutil (argparse
+    builds a formatter for every add_argument: 3 ms of every run's start)."""
+
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, width=_terminal_columns() - 2)
+
+
+def _terminal_columns() -> int:
+    try:
+        columns = int(os.environ["COLUMNS"])
+        if columns > 0:
+            return columns
+    except (KeyError, ValueError):
+        pass
+    stdout = sys.__stdout__
+    try:
+        return os.get_terminal_size(stdout.fileno()).columns if stdout else 80
+    except (ValueError, OSError):
+        return 80
+
+
 def build_parser() -> argparse.ArgumentParser:
     patterns = "\n".join(
         f"  {p.NAME:20s} {p.DESCRIPTION}" for p in PATTERNS)
@@ -64,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "real exporters emit) into the preceding or following convolution / "
                     "dot_general of a StableHLO module.",
         epilog=EPILOG.format(patterns=patterns),
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=_Formatter,
     )
     parser.add_argument("input", nargs="?", default="-", metavar="INPUT",
                         help="MLIR text, MLIR bytecode or a StableHLO portable artifact "
@@ -332,6 +353,8 @@ def _overlays(folded: Folded, report: Report, name: str) -> tuple[bytes, bytes]:
 
 
 def _json(data: Any) -> bytes:
+    import json  # only for --report-overlay (start-up time)
+
     return (json.dumps(data, indent=1) + "\n").encode()
 
 
@@ -389,6 +412,8 @@ def _load_params(path: str) -> dict[str | int, Any]:
 
 def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:
     """torch-mlir style: keep the input and the traceback, print the exact command."""
+    import tempfile  # only after a crash
+
     directory = tempfile.mkdtemp(prefix="bnfold-repro-")
     source = os.path.join(directory, "input")
     if args.input != "-" and os.path.exists(args.input):

@@ -42,6 +42,8 @@ _UNSUPPORTED_BY_INTERPRETER = ("stablehlo.batch_norm_inference", "stablehlo.cust
 
 @dataclass(frozen=True)
 class Signature:
+    """The entry function's argument shapes and types."""
+
     shapes: list[tuple[int, ...]]
     dtypes: list[np.dtype]
     element_types: list[str]

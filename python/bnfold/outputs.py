@@ -20,11 +20,11 @@ Rules:
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -37,6 +37,8 @@ STDOUT = "-"
 
 @dataclass
 class _Output:
+    """One output: where it goes, which flag asked for it, and its staged file."""
+
     flag: str
     path: str
     data: Data
@@ -132,7 +134,7 @@ def _emit(data: Data, file: BinaryIO) -> None:
 def _stage(out: _Output) -> None:
     directory = os.path.dirname(out.real)
     try:
-        fd, out.tmp = tempfile.mkstemp(prefix=".bnfold-", dir=directory)
+        fd, out.tmp = _create_temporary(directory)
     except OSError as e:
         raise BnfoldError(f"cannot write '{out.path}' ({out.flag}): {e.strerror}") from None
     try:
@@ -141,6 +143,19 @@ def _stage(out: _Output) -> None:
         os.chmod(out.tmp, _mode_for(out.real))
     except OSError as e:
         raise BnfoldError(f"cannot write '{out.path}' ({out.flag}): {e.strerror}") from None
+
+
+def _create_temporary(directory: str) -> tuple[int, str]:
+    """A new file in `directory`, created exclusively (tempfile.mkstemp without
+    importing tempfile, shutil and their compression modules on every run)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        path = os.path.join(directory or ".", f".bnfold-{os.urandom(6).hex()}")
+        try:
+            return os.open(path, flags, 0o600), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name", directory)
 
 
 def _mode_for(path: str) -> int:

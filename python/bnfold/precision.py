@@ -24,11 +24,13 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from concurrent.futures import ThreadPoolExecutor
 
 # Significand bits (with the implicit bit): how precisely a type stores a value.
 _SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
@@ -180,6 +182,9 @@ def _map(fn: Callable[[tuple[slice, ...]], _T], items: list[tuple[slice, ...]]) 
     if workers < 2 or len(items) < 4:
         return [fn(item) for item in items]
     if _pool is None:
+        # Imported here: a small model never needs it (start-up time).
+        from concurrent.futures import ThreadPoolExecutor
+
         _pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bnfold-kernel")
     return list(_pool.map(fn, items))
 

@@ -15,7 +15,6 @@ keys `<fold id>/<name>`.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,8 @@ import numpy as np
 
 @dataclass
 class Fold:
+    """One folded normalization: where it went and what it did."""
+
     id: str
     producer: str
     producer_op: str
@@ -58,6 +59,8 @@ class Fold:
 
 @dataclass
 class Skip:
+    """A normalization (or equalization pair) left in place, and why."""
+
     op: str
     op_name: str
     reason: str
@@ -151,6 +154,8 @@ class Report:
         return data
 
     def dumps(self) -> str:
+        import json  # only when a report is written (start-up time)
+
         return json.dumps(self.to_json(), indent=2) + "\n"
 
     def table(self) -> str:

@@ -79,6 +79,8 @@ class Layer:
 
 @dataclass
 class Pair:
+    """Two layers and the region between them that a positive scale commutes with."""
+
     first: Layer
     region: scaling.Region
     second: Layer
@@ -95,6 +97,8 @@ class Link:
 
 @dataclass
 class SetPlan:
+    """A set of linked pairs as planned: new kernels, region constants, ranges."""
+
     layers: list[Layer]
     links: list[Link]
     kernels: dict[int, rewrite.KernelRewrite]
@@ -111,6 +115,8 @@ class SetPlan:
 
 @dataclass(frozen=True)
 class Refused:
+    """A layer 1 that cannot be equalized, and why."""
+
     op: ir.Operation  # layer 1
     reason: str
 

@@ -44,16 +44,19 @@ uses; the old producer and the chain are left to the cleanup.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from bnfold import affine, border, elements, precision, producers
+from bnfold import affine, elements, precision, producers
 from bnfold.affine import Affine, Analysis, Step
 from bnfold.constants import map_axis_through_reshape, per_channel
 from bnfold.graph import carry_attributes, defining_op, live_users, sole_live_user
 from bnfold.ir import ir, stablehlo
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, constant_add, plan_kernel
+
+if TYPE_CHECKING:
+    from bnfold import border
 
 NAME = "forward-affine"
 DESCRIPTION = ("fold a per-channel affine chain into the convolution/dot_general after it "
@@ -62,6 +65,8 @@ DESCRIPTION = ("fold a per-channel affine chain into the convolution/dot_general
 
 @dataclass(frozen=True)
 class Match:
+    """A chain that ends at a producer's activation operand."""
+
     producer: ir.Operation
     act_index: int
     steps: tuple[Step, ...]  # first step first; ends at the producer's activation
@@ -70,6 +75,8 @@ class Match:
 
 @dataclass(frozen=True)
 class Plan:
+    """A forward fold, computed and checked: what `apply` writes."""
+
     match: Match
     affine: Affine
     kernel: KernelRewrite
@@ -238,6 +245,8 @@ def _border_shift(m: Match, mapping: producers.InputScaleMap, kernel: producers.
                   fit: Affine, rewrite: KernelRewrite, padding: np.ndarray, analysis: Analysis
                   ) -> Plan | str:
     """The shift through zero padding as an exact constant correction of the output."""
+    from bnfold import border  # only folds through padding need it (start-up time)
+
     op = m.producer
     unpadded = ir.RankedTensorType(m.pad.operands[0].type) if m.pad is not None else None
     win = border.window(op, padding, unpadded)
@@ -469,6 +478,8 @@ def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
     loc = root.location if p.merge_into is not None else norm.location
     with at:
         if (corr := p.correction) is not None:
+            from bnfold import border
+
             dims = producers.conv_dims(op)
             replacement = constant_add(folded.results[0], corr.table,
                                        [*dims.output_spatial_dimensions, p.out_axis], loc,
