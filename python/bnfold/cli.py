@@ -222,7 +222,8 @@ def _options(args: argparse.Namespace) -> FoldOptions:
         return FoldOptions(disable=args.disable, skip_functions=frozenset(args.skip_func),
                            expand_batch_norm=args.expand_batch_norm,
                            pad_uniform_shift=args.pad_uniform_shift,
-                           equalize=args.equalize, absorb_high_bias=args.absorb_high_bias)
+                           equalize=args.equalize, absorb_high_bias=args.absorb_high_bias,
+                           statistics=bool(args.report_params))
     except BnfoldError as e:
         raise BnfoldError(e.message, location="--disable" if args.disable else
                           "--absorb-high-bias") from None

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnfold import elements
-from bnfold.graph import defining_op, symbol_table
+from bnfold.graph import as_operation, defining_op, symbol_table
 from bnfold.ir import ir, location_name
 
 # Guards against materializing something huge while evaluating a reshape or a
@@ -85,27 +85,30 @@ class Evaluator:
             return self._evaluate(value)
 
     def _evaluate(self, value: ir.Value) -> Result:
-        stack: list[tuple[ir.Value, bool]] = [(value, False)]
+        memo = self._memo
+        # (value, its op and operands once its operands are queued, else None)
+        stack: list[tuple[ir.Value, tuple[ir.Operation, list[ir.Value]] | None]] = [(value, None)]
         while stack:
             current, expanded = stack.pop()
-            if current in self._memo:
+            if current in memo:
                 continue
-            owner = current.owner
-            if not isinstance(owner, ir.Operation) and not isinstance(owner, ir.OpView):
-                self._memo[current] = NotConst(f"it is {describe_argument(current)}"
-                                               if is_function_argument(current)
-                                               else "block argument")
-                continue
-            op = owner.operation if isinstance(owner, ir.OpView) else owner
-            operands = value_operands(op)
-            if not expanded:
-                pending = [v for v in operands if v not in self._memo]
-                if pending and op.name in _EVALUATORS:
-                    stack.append((current, True))
-                    stack.extend((v, False) for v in pending)
+            if expanded is None:
+                op = as_operation(current.owner)
+                if op is None:
+                    memo[current] = NotConst(f"it is {describe_argument(current)}"
+                                             if is_function_argument(current)
+                                             else "block argument")
                     continue
-            self._memo[current] = self._evaluate_op(op, current, operands)
-        return self._memo[value]
+                operands = value_operands(op)
+                pending = [v for v in operands if v not in memo]
+                if pending and op.name in _EVALUATORS:
+                    stack.append((current, (op, operands)))
+                    stack.extend((v, None) for v in pending)
+                    continue
+            else:
+                op, operands = expanded
+            memo[current] = self._evaluate_op(op, current, operands)
+        return memo[value]
 
     def constant(self, value: ir.Value) -> Const | None:
         result = self.evaluate(value)
@@ -114,19 +117,20 @@ class Evaluator:
     # -- one op ---------------------------------------------------------------
 
     def _evaluate_op(self, op: ir.Operation, value: ir.Value, operands: list[ir.Value]) -> Result:
-        handler = _EVALUATORS.get(op.name)
+        name = op.name
+        handler = _EVALUATORS.get(name)
         if handler is None:
-            return _NOT_CONSTANT_OP.get(op.name) or _NOT_CONSTANT_OP.setdefault(
-                op.name, NotConst(f"{op.name} is not a constant operation"))
+            return _NOT_CONSTANT_OP.get(name) or _NOT_CONSTANT_OP.setdefault(
+                name, NotConst(f"{name} is not a constant operation"))
         ty = elements.tensor_type(value)
-        if ty is None and op.name == "stablehlo.dynamic_broadcast_in_dim":
+        if ty is None and name == "stablehlo.dynamic_broadcast_in_dim":
             return self._dynamic_broadcast(op, value)
         if ty is None:
-            return NotConst(f"{op.name} result has a dynamic or non-tensor type")
+            return NotConst(f"{name} result has a dynamic or non-tensor type")
         dtype = elements.numpy_dtype(ty.element_type)
         if dtype is None:
             return NotConst(f"element type {ty.element_type} is not supported")
-        if op.name == "func.call":
+        if name == "func.call":
             return self._evaluate_call(op, value)
         args: list[Const] = []
         for v in operands:
@@ -138,9 +142,9 @@ class Evaluator:
         try:
             array = handler(op, args, shape, dtype)
         except (ValueError, TypeError, ZeroDivisionError, OverflowError) as e:
-            return NotConst(f"cannot evaluate {op.name}: {e}")
+            return NotConst(f"cannot evaluate {name}: {e}")
         if array is None:
-            return NotConst(f"cannot evaluate {op.name} with these operands")
+            return NotConst(f"cannot evaluate {name} with these operands")
         array = np.asarray(array)
         if array.ndim != len(shape):
             return NotConst(f"cannot evaluate {op.name}: rank mismatch")

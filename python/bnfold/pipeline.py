@@ -71,6 +71,11 @@ class FoldOptions:
         layer's bias that its ReLU/clamp almost surely passes (beta - 3*gamma,
         from the folded batch norm's statistics) moves into the next layer's
         bias. Approximate by nature; the report estimates the change.
+    statistics: recover each decomposed batch norm's gamma, beta, mean,
+        variance and epsilon from its constants into `Fold.params` (the
+        report's `.npz`). On by default; `bnfold-opt` turns it off unless
+        `--report-params` asks for them (1 in 10 of a small-layer fold's time).
+        High-bias absorption recovers them whatever this says.
     """
 
     # Any collection of names, or one comma-separated string; stored as frozensets.
@@ -80,6 +85,7 @@ class FoldOptions:
     pad_uniform_shift: bool = False
     equalize: bool = False
     absorb_high_bias: bool = False
+    statistics: bool = True
 
     def __post_init__(self) -> None:
         if self.absorb_high_bias and not self.equalize:
@@ -249,9 +255,13 @@ class _Pass:
                                              "backward", plan.kernel_rounding, list(plan.steps)),
                                 [s.op for s in plan.steps])
         evaluator = self.analysis.evaluator
-        if "gamma" not in fold.params and fold.kind == "normalization":
-            fold.params.update(statistics.recover(list(plan.steps), plan.affine, evaluator) or {})
-        output = statistics.pre_activation(list(plan.steps), plan.affine, fold.params, evaluator)
+        output = None
+        if self.options.statistics or self.options.absorb_high_bias:
+            if "gamma" not in fold.params and fold.kind == "normalization":
+                fold.params.update(statistics.recover(list(plan.steps), plan.affine,
+                                                      evaluator) or {})
+            output = statistics.pre_activation(list(plan.steps), plan.affine, fold.params,
+                                               evaluator)
         for producer in replaced.values():
             self.ledger.producer_folds[op_key(producer)] = fold
             if output is not None:

@@ -89,6 +89,10 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
                     f"per-channel scale would expand it; refused to keep memory proportional "
                     f"to the input")
         compact = np.broadcast_to(compact, shape)
+    if size <= ROUNDING_SAMPLE:  # small: one float64 product, every weight checked
+        with np.errstate(all="ignore"):
+            return _finish(np.multiply(compact, factor, dtype=np.float64), storage, effective,
+                           splat=False)
     return _blocks(compact, factor, storage, effective)
 
 
