@@ -315,6 +315,28 @@ def test_report_params_match_the_input_constants(cli, tmp_path):
     np.testing.assert_allclose(saved["scale"], expected_scale, rtol=1e-12, atol=0)
 
 
+def test_report_params_recover_decomposed_statistics(cli, tmp_path):
+    """Recovering gamma..epsilon is skipped unless --report-params asks for them."""
+    params = tmp_path / "params.npz"
+    model = TESTDATA / "models" / "flax_linen_conv_bn_nhwc.mlir"  # a decomposed chain
+    assert cli(model, "--report-params", params).rc == 0
+    with np.load(params) as npz:
+        keys = {k.split("/", 1)[1] for k in npz.files}
+    assert {"scale", "shift", "gamma", "beta", "mean", "variance", "epsilon"} <= keys
+
+
+def test_statistics_option_controls_recovery():
+    text = (TESTDATA / "models" / "flax_linen_conv_bn_nhwc.mlir").read_text()
+    with_stats = bnfold.fold_text(text)[1].folds
+    without = bnfold.fold_text(text, options=bnfold.FoldOptions(statistics=False))[1].folds
+    assert len(with_stats) == len(without) > 0
+    for full, bare in zip(with_stats, without, strict=True):
+        assert {"gamma", "beta", "mean", "variance", "epsilon"} <= full.params.keys()
+        assert set(bare.params) == {"scale", "shift"}
+        for key in ("scale", "shift"):
+            np.testing.assert_array_equal(full.params[key], bare.params[key])
+
+
 def test_report_params_number_folds_across_split_chunks(cli, tmp_path):
     source = tmp_path / "two.mlir"
     source.write_text(CONV_BN.read_text() + "// -----\n" + DENSE_BN.read_text())
@@ -558,6 +580,16 @@ def test_help_mentions_every_option_and_pattern(cli):
         assert re.search(rf"(^|[\s,\[]){re.escape(option)}\b", text), option
     for name in bnfold.pattern_names():
         assert name in text
+
+
+def test_help_wraps_at_the_terminal_width(cli, monkeypatch):
+    for columns in (60, 120):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        text = cli("--help").out.decode()
+        # the options (the description and epilog are preformatted)
+        lines = text[text.index("options:"):text.index("patterns (")].splitlines()
+        assert max(map(len, lines)) <= columns
+        assert max(map(len, lines)) > columns - 25  # filled, not wrapped at a fixed width
 
 
 def test_help_examples_use_known_pattern_names(cli):

@@ -107,3 +107,18 @@ def test_report_to_dev_stderr_keeps_the_device(tmp_path):
     after = os.lstat("/dev/stderr")
     assert stat.S_ISLNK(after.st_mode) == stat.S_ISLNK(before.st_mode)
     assert b'"folds"' in proc.stderr
+
+
+def test_staging_never_reuses_an_existing_file(tmp_path, monkeypatch):
+    """The staged file is created exclusively: a name already taken is skipped, never
+    truncated (two runs writing into one directory, or a stray file)."""
+    from bnfold import outputs
+
+    taken = tmp_path / f".bnfold-{(b'a' * 6).hex()}"
+    taken.write_text("someone else's")
+    names = iter([b"a" * 6, b"b" * 6])
+    monkeypatch.setattr(outputs.os, "urandom", lambda n: next(names))
+    outputs.write_file(str(tmp_path / "out.txt"), b"new", "-o")
+    assert (tmp_path / "out.txt").read_bytes() == b"new"
+    assert taken.read_text() == "someone else's"
+    assert leftovers(tmp_path) == [taken.name]
