@@ -24,15 +24,17 @@ def _hex(array: np.ndarray) -> str:
     return '"0x' + np.ascontiguousarray(array).tobytes().hex().upper() + '"'
 
 
-def _bn(x: str, ty: str, gamma, beta, mean, var, *, loc: str = "", attrs: str = "") -> str:
-    """A batch_norm_inference op on %{x} with constant statistics (f32 vectors)."""
+def _bn(x: str, ty: str, gamma, beta, mean, var, *, loc: str = "", attrs: str = "",
+        suffix: str = "") -> str:
+    """A batch_norm_inference op %bn{suffix} on %{x} with constant statistics (f32 vectors)."""
     n = len(gamma)
     vec = f"tensor<{n}xf32>"
-    lines = [f"  %g = stablehlo.constant dense<{_hex(np.float32(gamma))}> : {vec}",
-             f"  %b = stablehlo.constant dense<{_hex(np.float32(beta))}> : {vec}",
-             f"  %m = stablehlo.constant dense<{_hex(np.float32(mean))}> : {vec}",
-             f"  %v = stablehlo.constant dense<{_hex(np.float32(var))}> : {vec}"]
-    lines.append(f'  %bn = "stablehlo.batch_norm_inference"(%{x}, %g, %b, %m, %v) '
+    g, b, m, v = (f"%{name}{suffix}" for name in "gbmv")
+    lines = [f"  {g} = stablehlo.constant dense<{_hex(np.float32(gamma))}> : {vec}",
+             f"  {b} = stablehlo.constant dense<{_hex(np.float32(beta))}> : {vec}",
+             f"  {m} = stablehlo.constant dense<{_hex(np.float32(mean))}> : {vec}",
+             f"  {v} = stablehlo.constant dense<{_hex(np.float32(var))}> : {vec}"]
+    lines.append(f'  %bn{suffix} = "stablehlo.batch_norm_inference"(%{x}, {g}, {b}, {m}, {v}) '
                  f"{{epsilon = 1.0e-05 : f32, feature_index = 1 : i64{attrs}}} : "
                  f"({ty}, {vec}, {vec}, {vec}, {vec}) -> {ty}{loc}")
     return "\n".join(lines)
@@ -419,3 +421,45 @@ def test_mixed_precision_chain_folds_with_the_bias_in_the_wide_type(dtype, param
     numerics.check_close(numerics.run_xla(folded, [x]), numerics.run_xla(text, [x]), tag)
     again, second = support.fold(folded)
     assert again == folded and not second.folds
+
+
+# --- the arena that large kernels are rounded into ------------------------------------
+
+
+def test_arena_reuses_its_memory_after_clear_and_never_overlaps_before():
+    arena = precision.Arena()
+    a = arena.take((100, 10), np.dtype(np.float32))
+    b = arena.take((3, 7), np.dtype(np.float16))
+    a[...] = 1.0
+    b[...] = 2.0
+    assert np.all(a == 1.0) and np.all(b == 2.0)  # disjoint within one fold
+    big = arena.take((5000,), np.dtype(np.float64))  # grows: a and b stay valid
+    big[...] = 3.0
+    assert np.all(a == 1.0) and np.all(b == 2.0)
+    arena.clear()
+    again = arena.take((5000,), np.dtype(np.float64))
+    assert np.shares_memory(again, big)  # the same pages, touched once
+
+
+def test_consecutive_large_kernels_fold_exactly_through_the_arena():
+    """Three dense layers of 96x96 weights (above the small-kernel path) folded in one
+    pass: each new kernel is its own K * scale rounded once, not a neighbour's memory."""
+    n = 96
+    xty, wty = f"tensor<2x{n}xf32>", f"tensor<{n}x{n}xf32>"
+    kernels = [RNG.normal(size=(n, n)).astype(np.float32) for _ in range(3)]
+    body, x = [], "x"
+    for i, k in enumerate(kernels):
+        body.append(f"  %w{i} = stablehlo.constant dense<{_hex(k)}> : {wty}")
+        body.append(f"  %y{i} = stablehlo.dot_general %{x}, %w{i}, contracting_dims = [1] x [0]"
+                    f" : ({xty}, {wty}) -> {xty}")
+        body.append(_bn(f"y{i}", xty, *_stats(n), suffix=str(i)))
+        x = f"bn{i}"
+    text = f"func.func @main(%x: {xty}) -> {xty} {{\n" + "\n".join(body) + \
+        f"\n  return %{x} : {xty}\n}}"
+    folded, report = bnfold.fold_text(text)
+    assert len(report.folds) == 3
+    got = _constants(folded, wty)
+    assert len(got) == 3
+    for fold, kernel, new in zip(report.folds, kernels, got, strict=True):
+        expected = (kernel.astype(np.float64) * fold.params["scale"][None, :]).astype(np.float32)
+        np.testing.assert_array_equal(new, expected)

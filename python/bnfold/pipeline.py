@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from bnfold import affine, chains, elements, statistics
+from bnfold import affine, chains, elements, precision, statistics
 from bnfold.affine import Analysis, Step
 from bnfold.binding import bind_arguments
 from bnfold.cleanup import remove_dead_ops
@@ -222,6 +222,9 @@ class _Pass:
         self.ledger = ledger
         self.options = options
         self.notes: dict[int, _Notes] = {}
+        # Each backward fold's new kernels are attributes before the next one is
+        # planned, so they can all be rounded into the same memory.
+        self.arena = precision.Arena()
 
     def run(self, funcs: list[ir.Operation]) -> None:
         found = chains.find(funcs, self.analysis)
@@ -246,7 +249,8 @@ class _Pass:
         source = backward_affine.match(chain)
         if source is None or is_dead(chain.tail.op):
             return {}
-        plan = backward_affine.plan(source, chain, self.analysis)
+        self.arena.clear()
+        plan = backward_affine.plan(source, chain, self.analysis, arena=self.arena)
         if isinstance(plan, str):
             self._note(list(chain.steps), backward=plan)
             return {}

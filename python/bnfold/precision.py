@@ -71,13 +71,43 @@ class Rounded:
     worst_relative_rounding: float
 
 
+class Arena:
+    """Memory for rounded kernels that only live until they become attributes.
+
+    A backward fold copies its new kernels into attributes before the next fold
+    is planned, so one pass can round every kernel into the same memory: its
+    pages are touched once instead of once per kernel (fresh pages cost more
+    than the arithmetic on a large model). `clear()` hands the memory out
+    again: arrays taken before it must not be used after it.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, dtype=np.uint8)
+        self._used = 0
+
+    def take(self, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+        size = math.prod(shape) * np.dtype(dtype).itemsize
+        start = -(-self._used // 64) * 64  # aligned for vector loads
+        if start + size > self._buffer.size:
+            # A new buffer; arrays already taken keep the old one alive.
+            self._buffer = np.empty(max(size, 2 * self._buffer.size), dtype=np.uint8)
+            start = 0
+        self._used = start + size
+        return self._buffer[start:start + size].view(dtype).reshape(shape)
+
+    def clear(self) -> None:
+        self._used = 0
+
+
 def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray,
-                 storage: np.dtype, effective: np.dtype) -> Rounded | str:
+                 storage: np.dtype, effective: np.dtype, *,
+                 arena: Arena | None = None) -> Rounded | str:
     """`kernel * factor` in float64, rounded once to `storage`, or why not.
 
     `compact` broadcasts to the kernel's `shape` (a splat is one element);
     `factor` broadcasts to it too. The result must also be exact enough once
-    converted to `effective` (the producer's operand type).
+    converted to `effective` (the producer's operand type). A large result is
+    written into `arena` when one is given (see `Arena`).
     """
     size = math.prod(shape)
     if factor.size > 1 and np.all(factor == factor.flat[0]):
@@ -96,7 +126,8 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
         with np.errstate(all="ignore"):
             return _finish(np.multiply(compact, factor, dtype=np.float64), storage, effective,
                            splat=False)
-    return _blocks(compact, factor, storage, effective)
+    out = arena.take(tuple(shape), storage) if arena is not None else np.empty(shape, storage)
+    return _blocks(compact, factor, out, effective)
 
 
 # Elements per block: a block's output (1 MiB of f32) stays in cache while
@@ -104,11 +135,12 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
 BLOCK_ELEMENTS = 1 << 18
 
 
-def _blocks(kernel: np.ndarray, factor: np.ndarray, storage: np.dtype,
+def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
             effective: np.dtype) -> Rounded | str:
-    """Scales in float64 and rounds once, block by block (in parallel when the
-    kernel is large), checking each block while it is in cache."""
-    out = np.empty(kernel.shape, dtype=storage)
+    """Scales in float64 and rounds once into `out` (the storage type), block
+    by block (in parallel when the kernel is large), checking each block while
+    it is in cache."""
+    storage = out.dtype
     factor = factor.reshape((1,) * (kernel.ndim - factor.ndim) + factor.shape)
     narrow = np.dtype(effective) != np.dtype(storage)
     # |K * s| > (smallest subnormal) / 2 whenever |s| > 1/2, so only a smaller

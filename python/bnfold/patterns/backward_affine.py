@@ -101,8 +101,12 @@ def match(chain: Chain) -> Source | None:
 
 
 def plan(source: Source, chain: Chain, analysis: Analysis, *,
-         require_normalizing: bool = True) -> Plan | str:
-    """The longest foldable prefix of `chain` over the producers' candidate axes, or why none."""
+         require_normalizing: bool = True, arena: precision.Arena | None = None) -> Plan | str:
+    """The longest foldable prefix of `chain` over the producers' candidate axes, or why none.
+
+    The new kernels are rounded into `arena` when given: the plan must then be
+    applied (or dropped) before the arena is cleared.
+    """
     uses = len(live_users(source.value))
     if uses != 1:
         return f"producer result has {uses} users"
@@ -150,7 +154,7 @@ def plan(source: Source, chain: Chain, analysis: Analysis, *,
             if isinstance(kernel, str):
                 return kernel
             factor = producers.axis_factor(fit.scale, kernel_axis.axis, len(kernel.shape))
-            planned = plan_kernel(kernel, factor, kernel_axis.operand)
+            planned = plan_kernel(kernel, factor, kernel_axis.operand, arena=arena)
             if isinstance(planned, str):
                 return planned
             rewrites.append(planned)

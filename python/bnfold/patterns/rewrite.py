@@ -55,10 +55,12 @@ class KernelRewrite:
         return elements.dense_attr(values, ty.element_type)
 
 
-def plan_kernel(kernel: Kernel, factor: np.ndarray, operand: int) -> KernelRewrite | str:
-    """`kernel * factor` rounded under the precision contract, or why not."""
+def plan_kernel(kernel: Kernel, factor: np.ndarray, operand: int, *,
+                arena: precision.Arena | None = None) -> KernelRewrite | str:
+    """`kernel * factor` rounded under the precision contract, or why not
+    (into `arena`'s memory when given: see `precision.Arena`)."""
     rounded = precision.round_scaled(kernel.values, kernel.shape, factor, kernel.storage,
-                                     kernel.effective)
+                                     kernel.effective, arena=arena)
     if isinstance(rounded, str):
         return rounded
     return KernelRewrite(kernel, rounded, operand)
