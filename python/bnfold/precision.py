@@ -150,11 +150,14 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
     def block(index: tuple[slice, ...]) -> tuple[bool, bool]:
         """(finite, some weight became zero) for one block."""
         part = out[index]
-        # One ufunc: numpy widens both operands to float64 in its own small
-        # buffers and rounds each product once into `part`.
-        np.multiply(kernel[index], factor[_factor_index(factor, index)], out=part,
-                    dtype=np.float64, casting="unsafe")
-        final = part.astype(effective) if narrow else part
+        # Overflow is a result the caller judges, not a warning; numpy's error
+        # state is per thread, so the pool's threads set their own.
+        with np.errstate(all="ignore"):
+            # One ufunc: numpy widens both operands to float64 in its own small
+            # buffers and rounds each product once into `part`.
+            np.multiply(kernel[index], factor[_factor_index(factor, index)], out=part,
+                        dtype=np.float64, casting="unsafe")
+            final = part.astype(effective) if narrow else part
         return _all_finite(final), small and bool((final == 0).any())
 
     with np.errstate(all="ignore"):
