@@ -121,6 +121,21 @@ class Correction:
     def add_bias(self, bias: np.ndarray) -> Correction:
         return Correction(self.table + bias, self.runs)
 
+    def expand(self, table: ir.Value) -> ir.Value:
+        """The [spatial.., feature] tensor of `C` from its table, at the insertion point."""
+        value = table
+        for d, runs in enumerate(self.runs):
+            if len(runs) <= 1:
+                continue  # in full already, or one class (size 1: the final broadcast expands it)
+            rows: dict[int, ir.Value] = {}  # one slice per class, however many runs use it
+            pieces = []
+            for cls, length in runs:
+                if cls not in rows:
+                    rows[cls] = _row(value, d, cls)
+                pieces.append(_repeat(rows[cls], d, length))
+            value = stablehlo.ConcatenateOp(pieces, d).result
+        return value
+
 
 def correction(op: ir.Operation, win: Window, weighted: np.ndarray,
                limit: int) -> Correction | str:
@@ -161,22 +176,6 @@ def _runs(classes: np.ndarray) -> tuple[tuple[int, int], ...]:
     starts = np.flatnonzero(np.r_[True, classes[1:] != classes[:-1]])
     lengths = np.diff(np.r_[starts, len(classes)])
     return tuple((int(classes[s]), int(n)) for s, n in zip(starts, lengths, strict=True))
-
-
-def expand(table: ir.Value, c: Correction) -> ir.Value:
-    """The [spatial.., feature] tensor of `C` from its table, at the insertion point."""
-    value = table
-    for d, runs in enumerate(c.runs):
-        if len(runs) <= 1:
-            continue  # in full already, or one class (size 1: the final broadcast expands it)
-        rows: dict[int, ir.Value] = {}  # one slice per class, however many runs use it
-        pieces = []
-        for cls, length in runs:
-            if cls not in rows:
-                rows[cls] = _row(value, d, cls)
-            pieces.append(_repeat(rows[cls], d, length))
-        value = stablehlo.ConcatenateOp(pieces, d).result
-    return value
 
 
 def _row(value: ir.Value, axis: int, cls: int) -> ir.Value:

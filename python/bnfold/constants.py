@@ -147,7 +147,7 @@ class Evaluator:
             return NotConst(f"cannot evaluate {name} with these operands")
         array = np.asarray(array)
         if array.ndim != len(shape):
-            return NotConst(f"cannot evaluate {op.name}: rank mismatch")
+            return NotConst(f"cannot evaluate {name}: rank mismatch")
         if array.dtype != elements.compute_dtype(dtype):
             array = _cast(array, dtype)
         return Const(array, shape, dtype)

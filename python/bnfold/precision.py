@@ -32,8 +32,10 @@ import numpy as np
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
 
-# Significand bits (with the implicit bit): how precisely a type stores a value.
-_SIGNIFICAND_BITS = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
+# Significand bits (with the implicit bit): how precisely a type stores a value;
+# IEEE floats by size (dtype.name is slow: numpy computes it in Python).
+_IEEE_SIGNIFICAND_BITS = {2: 11, 4: 24, 8: 53}
+_BFLOAT16_SIGNIFICAND_BITS = 8
 
 # A splat (or otherwise compact) kernel is expanded only up to this many
 # elements; beyond, a fold must keep it a splat or refuse.
@@ -42,9 +44,9 @@ MAX_EXPANDED_ELEMENTS = 1 << 24
 
 def significand_bits(dtype: np.dtype) -> int:
     dtype = np.dtype(dtype)
-    if dtype.kind == "f":  # (dtype.name is slow: numpy computes it in Python)
-        return {2: 11, 4: 24, 8: 53}.get(dtype.itemsize, 0)
-    return _SIGNIFICAND_BITS["bfloat16"] if dtype.kind == "V" and dtype.name == "bfloat16" else 0
+    if dtype.kind == "f":
+        return _IEEE_SIGNIFICAND_BITS.get(dtype.itemsize, 0)
+    return _BFLOAT16_SIGNIFICAND_BITS if dtype.kind == "V" and dtype.name == "bfloat16" else 0
 
 
 def type_name(dtype: np.dtype) -> str:

@@ -387,7 +387,7 @@ def _border_shift(result: ir.Value, conv: ir.Operation, corr: border.Correction)
     dims = producers.conv_dims(conv)
     return rewrite.constant_add(
         result, corr.table, [*dims.output_spatial_dimensions, dims.output_feature_dimension],
-        conv.location, partial(border.expand, c=corr))
+        conv.location, corr.expand)
 
 
 def _add_after(op: ir.Operation, build: Callable[[ir.Value], ir.Value]) -> None:

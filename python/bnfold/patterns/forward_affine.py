@@ -478,12 +478,10 @@ def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
     loc = root.location if p.merge_into is not None else norm.location
     with at:
         if (corr := p.correction) is not None:
-            from bnfold import border
-
             dims = producers.conv_dims(op)
             replacement = constant_add(folded.results[0], corr.table,
                                        [*dims.output_spatial_dimensions, p.out_axis], loc,
-                                       lambda table: border.expand(table, corr))
+                                       corr.expand)
         else:
             assert p.bias is not None
             replacement = bias_add(folded.results[0], p.bias, p.out_axis, loc)
