@@ -102,7 +102,8 @@ func.func @skip_statistics_are_arguments(%x: tensor<1x3x3x2xf32>, %g: tensor<2xf
   %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.batch_norm_inference",
   // REPORT-NEXT: "reason": "batch_norm_inference gamma is not constant: it is function argument %arg1; bind parameters first (--bind-params FILE.npz, or bnfold.jax_export.fold_exported)",
-  // REPORT-NEXT: "function": "skip_statistics_are_arguments"
+  // REPORT-NEXT: "function": "skip_statistics_are_arguments",
+  // REPORT-NEXT: "code": "parameter-argument"
   return %bn : tensor<1x3x3x2xf32>
 }
 
@@ -118,7 +119,8 @@ func.func @skip_kernel_is_argument(%x: tensor<1x3x3x2xf32>, %k: tensor<1x1x2x2xf
   %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.batch_norm_inference",
   // REPORT-NEXT: "reason": "the kernel (which carries axis 3) is not constant: it is function argument %arg1; bind parameters first (--bind-params FILE.npz, or bnfold.jax_export.fold_exported)",
-  // REPORT-NEXT: "function": "skip_kernel_is_argument"
+  // REPORT-NEXT: "function": "skip_kernel_is_argument",
+  // REPORT-NEXT: "code": "kernel-argument"
   return %bn : tensor<1x3x3x2xf32>
 }
 
@@ -135,7 +137,8 @@ func.func @skip_feature_index_is_spatial(%x: tensor<1x2x3x2xf32>) -> tensor<1x2x
   %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 1 : i64} : (tensor<1x2x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x2x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.batch_norm_inference",
   // REPORT-NEXT: "reason": "feature_index 1 is not the producer's output-feature axis 3",
-  // REPORT-NEXT: "function": "skip_feature_index_is_spatial"
+  // REPORT-NEXT: "function": "skip_feature_index_is_spatial",
+  // REPORT-NEXT: "code": "axis"
   return %bn : tensor<1x2x3x2xf32>
 }
 
@@ -152,7 +155,8 @@ func.func @skip_conv_has_second_user(%x: tensor<1x3x3x2xf32>) -> (tensor<1x3x3x2
   %bn = "stablehlo.batch_norm_inference"(%conv, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.batch_norm_inference",
   // REPORT-NEXT: "reason": "producer result has 2 users",
-  // REPORT-NEXT: "function": "skip_conv_has_second_user"
+  // REPORT-NEXT: "function": "skip_conv_has_second_user",
+  // REPORT-NEXT: "code": "users"
   return %bn, %conv : tensor<1x3x3x2xf32>, tensor<1x3x3x2xf32>
 }
 
@@ -167,7 +171,8 @@ func.func @skip_block_argument(%x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32> {
   %bn = "stablehlo.batch_norm_inference"(%x, %g, %b, %m, %v) {epsilon = 2.500000e-01 : f32, feature_index = 3 : i64} : (tensor<1x3x3x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.batch_norm_inference",
   // REPORT-NEXT: "reason": "no convolution or dot_general produces its operand (it is a block argument); forward: it feeds func.return, which is not linear",
-  // REPORT-NEXT: "function": "skip_block_argument"
+  // REPORT-NEXT: "function": "skip_block_argument",
+  // REPORT-NEXT: "code": "no-producer"
   return %bn : tensor<1x3x3x2xf32>
 }
 
@@ -182,7 +187,8 @@ func.func @skip_divide_by_zero(%x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32> {
   %y = stablehlo.divide %conv, %d_b : tensor<1x3x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.divide",
   // REPORT-NEXT: "reason": "division by a per-channel constant that is zero",
-  // REPORT-NEXT: "function": "skip_divide_by_zero"
+  // REPORT-NEXT: "function": "skip_divide_by_zero",
+  // REPORT-NEXT: "code": "precision"
   return %y : tensor<1x3x3x2xf32>
 }
 
@@ -200,7 +206,8 @@ func.func @skip_intermediate_has_second_user(%x: tensor<1x3x3x2xf32>) -> (tensor
   %scaled = stablehlo.multiply %centered, %s_b : tensor<1x3x3x2xf32>
   // REPORT-NEXT: "op_name": "stablehlo.multiply",
   // REPORT-NEXT: "reason": "intermediate value has 2 users",
-  // REPORT-NEXT: "function": "skip_intermediate_has_second_user"
+  // REPORT-NEXT: "function": "skip_intermediate_has_second_user",
+  // REPORT-NEXT: "code": "users"
   // REPORT-NEXT: }
   // REPORT-NEXT: ],
   // REPORT-NEXT: "expanded": 0,

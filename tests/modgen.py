@@ -653,6 +653,9 @@ class Rendered:
     kernel: np.ndarray  # the producer's kernel values (rounded to the case dtype)
     kernel_axis: int  # the kernel axis that carries the output features
     expected_scale: np.ndarray | None  # the norm after the producer, composed in float64
+    # The forward chain alone (its output is the producer's input), when one folds forward:
+    # evaluated at x = 0 it gives the composed shift t, which the precision contract bounds.
+    probe: str | None = None
 
 
 def _normalizes(acts: list[Act]) -> bool:
@@ -774,10 +777,13 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
         x = first_out = first.render(b, x, b.const(k1, k1.shape, "k"))
     # Forward chain on %arg0 (or on the first convolution's result).
     act_in = x
+    probe = None
     if case.pre is not None:
         ch = make_chain(case.pre, x, p.in_axis, active_pre)
         act_in = run_chain(ch, case.pre)
         pre_acts = ch.acts
+        if first is None and variant == "none":
+            probe = b.module([act_in])
     # Producer.
     kshape = p.kernel_shape()
     kernel_vals = round_to(rng.normal(0, 1 / math.sqrt(p.fan_in()), kshape), case.dtype)
@@ -840,7 +846,8 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
         kernel_axis = p.kernel_layout.index("o")
     else:
         kernel_axis = next(i for i, d in enumerate(p.weight_dims) if d[0] == "w" and d[1] == p.feature)
-    return Rendered(text, [a.shape for a in b.args], expect, kernel_vals, kernel_axis, post_scale)
+    return Rendered(text, [a.shape for a in b.args], expect, kernel_vals, kernel_axis, post_scale,
+                    probe)
 
 
 def first_conv(p: Conv, in_features: int) -> Conv:

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 import bnfold
+import numerics
 from bnfold import ir as bir
-from bnfold import numerics
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTDATA = ROOT / "testdata"
@@ -61,3 +61,23 @@ def compare_xla(original: str, folded: str, inputs: list[np.ndarray]) -> float:
     expected = numerics.run_xla(original, inputs)
     actual = numerics.run_xla(folded, inputs)
     return numerics.check_close(actual, expected, element_type)
+
+
+def refined(text: str, shape: list[int]) -> str:
+    """A symbolic-batch export refined to a concrete input shape (as XLA needs)."""
+    context, module = parse(text)
+    bir.run_pipeline(module, "builtin.module(stablehlo-refine-arguments{types='tensor<"
+                             + "x".join(map(str, shape)) + "xf32>'},stablehlo-refine-shapes)")
+    assertions = []
+
+    def visit(op):
+        if op.name == "stablehlo.custom_call" and \
+                "shape_assertion" in str(op.attributes["call_target_name"]):
+            assertions.append(op)
+        return bir.ir.WalkResult.ADVANCE
+
+    with context:
+        module.operation.walk(visit)
+        for op in assertions:  # jax checks these itself; bare XLA has no handler
+            op.operation.erase()
+        return str(module)

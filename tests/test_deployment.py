@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import bnfold
+import numerics
 import support
-from bnfold import numerics
 from bnfold.jax_export import fold_exported
 
 RNG = np.random.default_rng(5)

@@ -9,8 +9,8 @@ import pytest
 
 import bnfold
 import bnfold.ir
+import numerics
 import support
-from bnfold import numerics
 
 RNG = np.random.default_rng(7)
 S4 = RNG.uniform(0.5, 1.5, 4).astype(np.float32)

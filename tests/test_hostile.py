@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import bnfold
+import numerics
 import support
-from bnfold import numerics
 
 INPUTS = support.ROOT / "tests" / "inputs"
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+import numerics
 import support
-from bnfold import numerics
 
 SMALL = [c for c in support.manifest(support.TESTDATA) if c["foldable"]]
 

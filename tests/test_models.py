@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+import numerics
 import support
-from bnfold import numerics
 
 MODELS = support.manifest(support.MODELS)
 PRODUCERS = ("stablehlo.convolution", "stablehlo.dot_general")
@@ -61,26 +61,6 @@ def test_models_are_present():
     assert {"flax_linen", "flax_nnx", "haiku", "equinox", "keras"} <= frameworks, frameworks
 
 
-def _refined(text: str, shape: list[int]) -> str:
-    """A symbolic-batch export refined to a concrete input shape (as XLA needs)."""
-    context, module = support.parse(text)
-    support.bir.run_pipeline(module, "builtin.module(stablehlo-refine-arguments{types='tensor<"
-                             + "x".join(map(str, shape)) + "xf32>'},stablehlo-refine-shapes)")
-    assertions = []
-
-    def visit(op):
-        if op.name == "stablehlo.custom_call" and \
-                "shape_assertion" in str(op.attributes["call_target_name"]):
-            assertions.append(op)
-        return support.bir.ir.WalkResult.ADVANCE
-
-    with context:
-        module.operation.walk(visit)
-        for op in assertions:  # jax checks these itself; bare XLA has no handler
-            op.operation.erase()
-        return str(module)
-
-
 @pytest.mark.parametrize("model", MODELS, ids=lambda m: m["file"])
 def test_every_batchnorm_folds(model):
     text = (support.MODELS / model["file"]).read_text()
@@ -101,7 +81,7 @@ def test_every_batchnorm_folds(model):
     if model["form"] == "export-symbolic":
         for batch in (1, 3):  # any batch size, after refinement
             shape = [batch] + model["input_shape"][1:]
-            original, refined = _refined(text, shape), _refined(folded, shape)
+            original, refined = support.refined(text, shape), support.refined(folded, shape)
             inputs = support.inputs_for(original)
             numerics.check_close(numerics.run_xla(refined, inputs),
                                  numerics.run_xla(original, inputs), "f32")

@@ -9,7 +9,6 @@ import pytest
 
 import bnfold
 import support
-from bnfold import ir as bir
 from bnfold import overlay
 from bnfold.cli import main, overlay_output_path
 
@@ -33,17 +32,10 @@ func.func @main(%x: tensor<1x4x4x2xf32>, %y: tensor<1x4x4x2xf32>) -> (tensor<1x4
 
 
 def _ops(text: str) -> dict[tuple[str, str], str]:
-    """(graph, node id) -> op name, by bnfold.overlay.node_ids."""
+    """(graph, node id) -> op name, by bnfold.overlay.nodes."""
     context, module = support.parse(text)
-    names: dict[int, str] = {}
-
-    def visit(op):
-        names[bir.op_id(op.operation)] = op.operation.name
-        return bir.ir.WalkResult.ADVANCE
-
     with context:
-        module.operation.walk(visit)
-        return {ref: names[key] for key, ref in overlay.node_ids(module).items()}
+        return {ref: op.name for op, ref in overlay.nodes(module)}
 
 
 def test_input_overlay_marks_folded_and_skipped_ops_with_reasons(tmp_path: Path):

@@ -8,9 +8,10 @@ import sys
 import pytest
 
 import bnfold
+import numerics
 import support
 from bnfold import ir as bir
-from bnfold import numerics, passes
+from bnfold import passes
 
 RESNET = support.MODELS / "flax_linen_resnet_nhwc.mlir"
 

@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from bnfold import numerics
+import numerics
 from bnfold.jax_export import fold_exported, fold_function
 
 X_NHWC = np.random.default_rng(0).normal(size=(2, 8, 8, 3)).astype(np.float32)

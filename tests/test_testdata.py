@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+import numerics
 import support
-from bnfold import numerics
 
 CASES = support.manifest(support.TESTDATA)
 FOLDABLE = [c for c in CASES if c["foldable"]]

@@ -46,8 +46,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the numerics harness
 
-from bnfold import elements, numerics, producers  # noqa: E402
+import numerics  # noqa: E402
+from bnfold import elements, producers  # noqa: E402
 from bnfold.graph import defining_op  # noqa: E402
 from bnfold.ir import ir, make_context, parse, stablehlo  # noqa: E402
 from bnfold.pipeline import FoldOptions, fold_source  # noqa: E402

@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
+from bnfold import attributes
 from bnfold.constants import (
-    Const,
     Evaluator,
     describe_argument,
     map_axis_through_reshape,
@@ -32,8 +33,12 @@ from bnfold.constants import (
     per_channel,
 )
 from bnfold.elements import is_float, ranked_type
-from bnfold.graph import same_block, sole_live_user
+from bnfold.graph import same_block
 from bnfold.ir import ir, stablehlo
+from bnfold.refusal import Code, Refusal
+
+if TYPE_CHECKING:
+    from bnfold.analysis import Analysis
 
 STEP_NAMES = (
     "stablehlo.add",
@@ -47,7 +52,8 @@ STEP_NAMES = (
     "stablehlo.batch_norm_inference",
 )
 # Steps that only move data or change precision (the channel axis may move; a
-# narrowing convert rounds, and folding replays it where it was).
+# narrowing convert rounds: a backward fold replays it where it was, a forward
+# fold never moves anything across it, see `bnfold.laws`).
 LAYOUT = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
 _ELEMENTWISE = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
                 "stablehlo.negate", "stablehlo.convert")
@@ -85,31 +91,8 @@ class Step:
         return self.op.operands[self.x_index]
 
 
-class Analysis:
-    """Memoized step analysis over one module (constants via `evaluator`).
-
-    Valid for one pass: folding only adds ops and redirects uses; nothing is
-    erased before cleanup, so no cached entry ever goes stale.
-    """
-
-    def __init__(self, evaluator: Evaluator) -> None:
-        self.evaluator = evaluator
-        self._steps: dict[ir.Value, Step | None] = {}
-
-    def step(self, op: ir.Operation) -> Step | None:
-        """`op` as a chain step (activation operand + constants), or None."""
-        if op.name not in STEP_NAMES or len(op.results) != 1:
-            return None
-        key = op.results[0]
-        if key not in self._steps:
-            self._steps[key] = _as_step(op, self.evaluator)
-        return self._steps[key]
-
-    def constant(self, value: ir.Value) -> Const | None:
-        return self.evaluator.constant(value)
-
-
-def _as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
+def as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
+    """`op` as a chain step, or None (memoized by `bnfold.analysis.Analysis.step`)."""
     name = op.name
     result_type = ranked_type(op.results[0])
     if result_type is None:
@@ -152,7 +135,7 @@ def _size(value: ir.Value) -> float:
 
 def extends(value: ir.Value, analysis: Analysis) -> Step | None:
     """The step that continues a chain at `value`: its sole live user, taking it as activation."""
-    user = sole_live_user(value)
+    user = analysis.sole_live_user(value)
     if user is None:
         return None
     step = analysis.step(user)
@@ -182,14 +165,14 @@ class Affine:
         return self.shape[self.axis]
 
 
-def _vector(value: ir.Value, evaluator: Evaluator, axis: int) -> np.ndarray | str:
+def _vector(value: ir.Value, evaluator: Evaluator, axis: int) -> np.ndarray | Refusal:
     const = evaluator.constant(value)
     if const is None:
-        return "operand is not constant"
+        return Refusal(Code.NOT_CONSTANT, "operand is not constant")
     return per_channel(const, axis)
 
 
-def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | str:
+def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | Refusal:
     """`affine` followed by `step`, or why the step does not compose per channel."""
     name = step.name
     op = step.op
@@ -197,12 +180,12 @@ def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | str:
         after = tuple(ir.RankedTensorType(op.results[0].type).shape)
         axis = map_axis_through_reshape(affine.shape, after, affine.axis)
         if axis is None:
-            return f"reshape {affine.shape} -> {after} merges or splits the feature axis"
+            return Refusal(Code.AXIS, f"reshape {affine.shape} -> {after} merges or splits the "
+                                      f"feature axis")
         return replace(affine, axis=axis, shape=after)
     if name == "stablehlo.transpose":
-        permutation = list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
         after = tuple(ir.RankedTensorType(op.results[0].type).shape)
-        return replace(affine, axis=permutation.index(affine.axis), shape=after)
+        return replace(affine, axis=attributes.permutation(op).index(affine.axis), shape=after)
     if name == "stablehlo.convert":
         # Float to float: exact in float64. A narrowing convert rounds, and the
         # folded chain replays it at the same place (see `replay_layout`).
@@ -212,10 +195,10 @@ def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | str:
     if name == "stablehlo.batch_norm_inference":
         return _apply_batch_norm(affine, op, evaluator)
     if step.parameter is not None:
-        return f"operand {1 - step.x_index} of {name} is {step.parameter}, not a constant: " + \
-            BIND_HINT
+        return Refusal(Code.PARAMETER, f"operand {1 - step.x_index} of {name} is {step.parameter}, "
+                                       f"not a constant: {BIND_HINT}")
     c = _vector(op.operands[1 - step.x_index], evaluator, affine.axis)
-    if isinstance(c, str):
+    if isinstance(c, Refusal):
         return c
     s, t = affine.scale, affine.shift
     if name == "stablehlo.add":
@@ -228,36 +211,37 @@ def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | str:
         return replace(affine, scale=s * c, shift=t * c)
     if name == "stablehlo.divide":
         if np.any(c == 0):
-            return "division by a per-channel constant that is zero"
+            return Refusal(Code.PRECISION, "division by a per-channel constant that is zero")
         return replace(affine, scale=s / c, shift=t / c)
     raise AssertionError(name)
 
 
-def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) -> Affine | str:
+def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) -> Affine | Refusal:
     feature = ir.IntegerAttr(op.attributes["feature_index"]).value
     # With one channel every unit axis is "the" channel axis (a reshape that
     # adds unit axes cannot tell them apart), and all statistics are scalars.
     one_channel = affine.channels == 1 and affine.shape[feature] == 1
     if feature != affine.axis and not one_channel:
-        return f"feature_index {feature} is not the producer's output-feature axis {affine.axis}"
+        return Refusal(Code.AXIS, f"feature_index {feature} is not the producer's output-feature "
+                                  f"axis {affine.axis}")
     stats: dict[str, np.ndarray] = {}
     for name, value in zip(("gamma", "beta", "mean", "variance"), list(op.operands)[1:], strict=True):
         const = evaluator.constant(value)
         if const is None:
             argument = parameter_argument(value, evaluator)
             if argument is not None:
-                return (f"batch_norm_inference {name} is not constant: it is "
-                        f"{describe_argument(argument)}; {BIND_HINT}")
-            return f"batch_norm_inference {name} is not constant"
+                return Refusal(Code.PARAMETER, f"batch_norm_inference {name} is not constant: it "
+                                               f"is {describe_argument(argument)}; {BIND_HINT}")
+            return Refusal(Code.NOT_CONSTANT, f"batch_norm_inference {name} is not constant")
         vector = per_channel(const, 0)
-        if isinstance(vector, str):
-            return f"batch_norm_inference {name}: {vector}"
+        if isinstance(vector, Refusal):
+            return vector.wrap(f"batch_norm_inference {name}")
         stats[name] = vector
     eps = ir.FloatAttr(op.attributes["epsilon"]).value
     stats["epsilon"] = np.asarray(eps, dtype=np.float64)
     denom = stats["variance"] + eps
     if np.any(denom <= 0) or not np.all(np.isfinite(denom)):
-        return "variance + epsilon is not positive and finite"
+        return Refusal(Code.PRECISION, "variance + epsilon is not positive and finite")
     a = stats["gamma"] / np.sqrt(denom)
     scale = affine.scale * a
     shift = (affine.shift - stats["mean"]) * a + stats["beta"]
@@ -270,7 +254,7 @@ class Composed:
 
     steps: list[Step]
     affine: Affine
-    stop_reason: str | None  # why the next step (if any) could not be added
+    stop_reason: Refusal | None  # why the next step (if any) could not be added
 
     @property
     def normalizes(self) -> bool:
@@ -329,7 +313,7 @@ def compose(steps: list[Step], start: Affine, evaluator: Evaluator) -> Composed:
     affine = start
     for i, step in enumerate(steps):
         nxt = apply(affine, step, evaluator)
-        if isinstance(nxt, str):
+        if isinstance(nxt, Refusal):
             return Composed(steps[:i], affine, nxt)
         affine = nxt
     return Composed(list(steps), affine, None)
@@ -358,8 +342,7 @@ def replay_layout(value: ir.Value, steps: list[Step]) -> ir.Value:
             continue
         if s.name == "stablehlo.transpose":
             value, pending = flush(value), None
-            permutation = ir.DenseI64ArrayAttr(s.op.attributes["permutation"])
-            value = stablehlo.TransposeOp(value, permutation).result
+            value = stablehlo.TransposeOp(value, attributes.permutation(s.op)).result
         elif s.name == "stablehlo.convert":
             target = ir.RankedTensorType(s.result.type).element_type
             current = ir.RankedTensorType(value.type)

@@ -34,8 +34,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bnfold import producers
+from bnfold import attributes, producers
 from bnfold.ir import ir, stablehlo
+from bnfold.refusal import Code, Refusal
 
 # The table may exceed the kernel's size by this many elements; above that the
 # correction is refused (the shift then stays as an add before the convolution).
@@ -68,7 +69,7 @@ class Window:
 
 
 def window(op: ir.Operation, padding: np.ndarray | None = None,
-           lhs: ir.RankedTensorType | None = None) -> Window | str:
+           lhs: ir.RankedTensorType | None = None) -> Window | Refusal:
     """The window of convolution `op`; `padding` and `lhs` (the input's type) replace
     its own when an explicit pad before it becomes its padding."""
     dims = producers.conv_dims(op)
@@ -80,24 +81,17 @@ def window(op: ir.Operation, padding: np.ndarray | None = None,
     spatial_k = list(dims.kernel_spatial_dimensions)
     if any(lhs.is_dynamic_dim(d) for d in spatial_in) or \
             any(out.is_dynamic_dim(d) for d in spatial_out):
-        return "the convolution's spatial size is not static"
+        return Refusal(Code.SYMBOLIC, "the convolution's spatial size is not static")
     n = len(spatial_in)
-    attrs = op.attributes
-
-    def ints(name: str, default: int) -> tuple[int, ...]:
-        if name not in attrs:
-            return (default,) * n
-        return tuple(int(v) for v in ir.DenseI64ArrayAttr(attrs[name]))
-
     if padding is None:
-        padding = (np.asarray(ir.DenseIntElementsAttr(attrs["padding"])) if "padding" in attrs
-                   else np.zeros((n, 2), dtype=np.int64))
-    reversal = (tuple(bool(v) for v in ir.DenseBoolArrayAttr(attrs["window_reversal"]))
-                if "window_reversal" in attrs else (False,) * n)
+        padding = attributes.padding(op)
     return Window(tuple(lhs.shape[d] for d in spatial_in), tuple(out.shape[d] for d in spatial_out),
-                  tuple(rhs.shape[d] for d in spatial_k), ints("window_strides", 1),
-                  tuple((int(lo), int(hi)) for lo, hi in padding), ints("lhs_dilation", 1),
-                  ints("rhs_dilation", 1), reversal)
+                  tuple(rhs.shape[d] for d in spatial_k),
+                  attributes.ints(op, "window_strides", default=1, rank=n),
+                  tuple((int(lo), int(hi)) for lo, hi in padding),
+                  attributes.ints(op, "lhs_dilation", default=1, rank=n),
+                  attributes.ints(op, "rhs_dilation", default=1, rank=n),
+                  attributes.bools(op, "window_reversal", rank=n))
 
 
 @dataclass(frozen=True)
@@ -138,7 +132,7 @@ class Correction:
 
 
 def correction(op: ir.Operation, win: Window, weighted: np.ndarray,
-               limit: int) -> Correction | str:
+               limit: int) -> Correction | Refusal:
     """`C` for `weighted` = K * t (float64, the kernel's shape), or why it is too large.
 
     `limit` bounds the table's elements."""
@@ -166,8 +160,8 @@ def correction(op: ir.Operation, win: Window, weighted: np.ndarray,
             runs[d] = ()
     if table.size > limit:
         varies = " along the whole output" if any(not r for r in runs) else ""
-        return (f"the border correction varies{varies} ({table.size} constants, "
-                f"more than the kernel's size + {MARGIN_ELEMENTS})")
+        return Refusal(Code.PADDING, f"the border correction varies{varies} ({table.size} "
+                                     f"constants, more than the kernel's size + {MARGIN_ELEMENTS})")
     return Correction(table, tuple(runs))
 
 

@@ -12,17 +12,25 @@ values with exactly one live user in the same block:
 Every normalization, however it is spelled, is (part of) one chain, so each
 chain gets exactly one decision: folded backward into the producer before its
 head, forward into the producer after its tail, or refused with a reason.
+`explain` gives that reason at the end of the FOLD stage, from what the
+folding patterns noted (`Notes`) or from the chain's neighbours.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from bnfold import affine, producers
-from bnfold.affine import Analysis, Step
-from bnfold.graph import defining_op, live_users
+from bnfold import affine, elements, producers
+from bnfold.affine import Step
+from bnfold.graph import callee_name, defining_op
 from bnfold.ir import ir
+from bnfold.refusal import Code, Refusal
+
+if TYPE_CHECKING:
+    from bnfold.analysis import Analysis
+    from bnfold.driver import Context
 
 
 @dataclass(frozen=True)
@@ -92,26 +100,29 @@ def grow(head: Step, analysis: Analysis) -> Chain:
     return Chain(tuple(steps))
 
 
-def upstream_reason(chain: Chain, analysis: Analysis) -> str:
+# --- reasons ----------------------------------------------------------------------------
+
+
+def upstream_reason(chain: Chain, analysis: Analysis) -> Refusal:
     """Why nothing before `chain` can absorb it (when no backward fold applies)."""
     x = chain.head.x
     owner = defining_op(x)
     if owner is None:
-        return "no convolution or dot_general produces its operand (it is a block argument)"
-    uses = len(live_users(x))
+        return Refusal(Code.NO_PRODUCER, "no convolution or dot_general produces its operand "
+                                         "(it is a block argument)")
+    uses = len(analysis.live_users(x))
     if producers.is_producer(owner):
-        return f"producer result has {uses} users"
+        return Refusal(Code.USERS, f"producer result has {uses} users")
     if analysis.step(owner) is not None:
         if _reaches_producer(owner, analysis):
-            return f"intermediate value has {uses} users"
-        return f"no convolution or dot_general produces its operand (it comes from {owner.name})"
-    if owner.name == "stablehlo.convert" and _reaches_producer(owner, analysis):
-        return ("the normalization is computed in another precision than the producer "
-                "(a convert sits between them: mixed precision); folding through converts "
-                "is not supported")
+            return Refusal(Code.USERS, f"intermediate value has {uses} users")
+        return Refusal(Code.NO_PRODUCER, f"no convolution or dot_general produces its operand "
+                                         f"(it comes from {owner.name})")
     if owner.block != chain.head.op.block:
-        return "no convolution or dot_general produces its operand in the same block"
-    return f"no convolution or dot_general produces its operand (it comes from {owner.name})"
+        return Refusal(Code.NO_PRODUCER, "no convolution or dot_general produces its operand in "
+                                         "the same block")
+    return Refusal(Code.NO_PRODUCER, f"no convolution or dot_general produces its operand (it "
+                                     f"comes from {owner.name})")
 
 
 def _reaches_producer(op: ir.Operation, analysis: Analysis) -> bool:
@@ -119,26 +130,91 @@ def _reaches_producer(op: ir.Operation, analysis: Analysis) -> bool:
         if producers.is_producer(op):
             return True
         step = analysis.step(op)
-        operand = step.x if step is not None else (
-            op.operands[0] if op.name == "stablehlo.convert" else None)
-        owner = defining_op(operand) if operand is not None else None
+        owner = defining_op(step.x) if step is not None else None
         if owner is None:
             return False
         op = owner
     return False
 
 
-def downstream_reason(chain: Chain) -> str:
+def downstream_reason(chain: Chain, analysis: Analysis) -> Refusal:
     """Why nothing after `chain` can absorb it forward."""
-    found = live_users(chain.tail.result)
+    found = analysis.live_users(chain.tail.result)
     if len(found) != 1:
-        return f"forward: its result has {len(found)} users"
+        return Refusal(Code.USERS, f"forward: its result has {len(found)} users")
     user = found[0]
     if user.name == "stablehlo.convolution" and user.operands[1] == chain.tail.result:
-        return "forward: it feeds the kernel operand, not the activation"
+        return Refusal(Code.NOT_LINEAR, "forward: it feeds the kernel operand, not the activation")
     if producers.is_producer(user):
-        return f"forward: the chain before the {user.name.removeprefix('stablehlo.')} cannot fold into it"
+        return Refusal(Code.NOT_LINEAR, f"forward: the chain before the "
+                                        f"{user.name.removeprefix('stablehlo.')} cannot fold into it")
     if user.name == "func.call":
-        callee = ir.FlatSymbolRefAttr(user.attributes["callee"]).value
-        return f"forward: it feeds func.call @{callee}, which is not linear"
-    return f"forward: it feeds {user.name}, which is not linear"
+        return Refusal(Code.NOT_LINEAR, f"forward: it feeds func.call @{callee_name(user)}, "
+                                        f"which is not linear")
+    return Refusal(Code.NOT_LINEAR, f"forward: it feeds {user.name}, which is not linear")
+
+
+# --- the decision for every normalization ------------------------------------------------
+
+
+@dataclass
+class Notes:
+    """What the folding attempts on one normalization found, for its reason if it stays."""
+
+    op: ir.Operation
+    backward: Refusal | None = None
+    forward: Refusal | None = None
+
+
+def note(ctx: Context, steps: list[Step], *, backward: Refusal | None = None,
+         forward: Refusal | None = None) -> None:
+    """Remembers why a folding pattern did not fold the normalization these steps are."""
+    norm = affine.norm_op(steps)
+    notes = ctx.notes.setdefault(ctx.rewriter.handle(norm), Notes(norm))
+    notes.backward = notes.backward or backward
+    notes.forward = notes.forward or forward
+
+
+def explain(ctx: Context, found: Candidates) -> None:
+    """One reason for every normalization-like chain (and batch norm) that did not fold."""
+    ledger, analysis = ctx.ledger, ctx.analysis
+    for chain in found.chains:
+        rest = [s for s in chain.steps if not ledger.is_folded(s.op)]
+        if not rest or analysis.is_dead(rest[-1].op):
+            continue  # dead code: the cleanup removes it
+        norm = affine.norm_op(rest)
+        notes = ctx.notes.get(ctx.rewriter.handle(norm))
+        # A failed attempt on a scaling chain is worth explaining too.
+        attempted = notes is not None and affine.normalizes(rest)
+        if not (attempted or affine.looks_like_normalization(rest)):
+            continue
+        ledger.refuse(norm, _reason(ctx, Chain(tuple(rest)), notes or Notes(norm)))
+    for op in found.batch_norms:
+        if not ledger.is_decided(op):
+            ledger.refuse(op, _batch_norm_reason(op))
+
+
+def _reason(ctx: Context, chain: Chain, notes: Notes) -> Refusal:
+    options = ctx.options
+    if notes.backward is not None:
+        if notes.forward is None:
+            return notes.backward
+        return Refusal(notes.backward.code, f"{notes.backward}; {notes.forward}")
+    if not options.enabled("backward-affine"):
+        upstream = Refusal(Code.NOTHING, "backward-affine is disabled")
+    else:
+        upstream = upstream_reason(chain, ctx.analysis)
+    if notes.forward is not None:
+        return Refusal(notes.forward.code if upstream.code is Code.NO_PRODUCER else upstream.code,
+                       f"{upstream}; {notes.forward}")
+    if upstream.code in (Code.USERS, Code.PRECISION):
+        return upstream
+    if not options.enabled("forward-affine"):
+        return Refusal(upstream.code, f"{upstream}; forward-affine is disabled")
+    return Refusal(upstream.code, f"{upstream}; {downstream_reason(chain, ctx.analysis)}")
+
+
+def _batch_norm_reason(op: ir.Operation) -> Refusal:
+    if any(elements.tensor_type(v) is None for v in list(op.operands) + list(op.results)):
+        return Refusal(Code.SYMBOLIC, "dynamic shapes are not supported")
+    return Refusal(Code.NO_PRODUCER, "not folded: no foldable producer chain")

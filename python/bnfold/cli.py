@@ -17,10 +17,10 @@ import traceback
 from collections.abc import Callable, Sequence
 from typing import Any, BinaryIO, NoReturn
 
-from bnfold import __version__
+from bnfold import __version__, options
 from bnfold.errors import BnfoldError
 from bnfold.outputs import Outputs
-from bnfold.patterns import PATTERNS
+from bnfold.patterns import REGISTRY
 from bnfold.pipeline import Folded, FoldOptions, fold_source
 from bnfold.report import Report
 
@@ -77,8 +77,7 @@ def _terminal_columns() -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    patterns = "\n".join(
-        f"  {p.NAME:20s} {p.DESCRIPTION}" for p in PATTERNS)
+    patterns = "\n".join(f"  {e.name:20s} {e.description}" for e in REGISTRY)
     parser = _Parser(
         prog=PROG,
         description="Fold batch normalization (batch_norm_inference and the decomposed chains "
@@ -131,27 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "bnfold's passes (bnfold-fold{disable=... skip-func=... "
                              "expand-batch-norm=true}, bnfold-expand-batch-norm) with MLIR's, "
                              "e.g. 'builtin.module(bnfold-fold,cse,symbol-dce)'")
-    parser.add_argument("--disable", default="", metavar="NAMES",
-                        help="comma-separated pattern names not to run (see below)")
-    parser.add_argument("--skip-func", action="append", default=[], metavar="NAME",
-                        help="leave function NAME untouched (repeatable)")
-    parser.add_argument("--expand-batch-norm", action="store_true",
-                        help="rewrite every batch_norm_inference that did not fold into "
-                             "multiply + add (for the reference interpreter and back ends "
-                             "without a batch-norm op)")
-    parser.add_argument("--pad-uniform-shift", action="store_true",
-                        help="fold a uniform input shift (Keras Rescaling) through a "
-                             "convolution's zero padding with an explicit stablehlo.pad "
-                             "(default: an exact border correction added to the output, "
-                             "which XLA CPU runs faster)")
-    parser.add_argument("--equalize", action="store_true",
-                        help="after folding, equalize the weight ranges of consecutive "
-                             "layers (cross-layer equalization, for per-tensor int8 weights; "
-                             "the function is unchanged; ReLU6 becomes a per-channel clamp)")
-    parser.add_argument("--absorb-high-bias", action="store_true",
-                        help="with --equalize: move the part of layer 1's bias that the "
-                             "activation almost surely passes (beta - 3*gamma of its batch "
-                             "norm) into layer 2's bias (approximate; see the report)")
+    options.add_arguments(parser)  # --disable, --skip-func, --equalize, ... (the schema)
     parser.add_argument("--split-input-file", action="store_true",
                         help="treat '// -----' lines as separators of independent modules; a "
                              "bad chunk is reported with its line, the others are still "
@@ -226,15 +205,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _options(args: argparse.Namespace) -> FoldOptions:
-    try:
-        return FoldOptions(disable=args.disable, skip_functions=frozenset(args.skip_func),
-                           expand_batch_norm=args.expand_batch_norm,
-                           pad_uniform_shift=args.pad_uniform_shift,
-                           equalize=args.equalize, absorb_high_bias=args.absorb_high_bias,
-                           statistics=bool(args.report_params))
-    except BnfoldError as e:
-        raise BnfoldError(e.message, location="--disable" if args.disable else
-                          "--absorb-high-bias") from None
+    # Statistics recovery costs a tenth of a small fold; only --report-params shows them.
+    return options.from_cli(args, statistics=bool(args.report_params))
 
 
 def _read(path: str) -> bytes:
@@ -356,8 +328,8 @@ def _overlays(folded: Folded, report: Report, name: str) -> tuple[bytes, bytes]:
     """Model Explorer node data of the input and of the output graph."""
     from bnfold import overlay
 
-    with folded.context:
-        after = overlay.output_overlay(folded.module, report, name)
+    with folded.context:  # before the module is written: it removes the fold's marks
+        after = overlay.output_overlay(folded.module, report)
     return _json(overlay.input_overlay(report)), _json(after)
 
 

@@ -23,9 +23,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bnfold import elements
+from bnfold import attributes, elements
 from bnfold.graph import as_operation, defining_op, symbol_table
 from bnfold.ir import ir, location_name
+from bnfold.refusal import Code, Refusal
 
 # Guards against materializing something huge while evaluating a reshape or a
 # concatenate of a broadcast (elements, not bytes).
@@ -59,9 +60,9 @@ Result = Const | NotConst
 class Evaluator:
     """Memoizing evaluator over the values of one module.
 
-    Create one per pass run: results are cached per `ir.Value` and stay valid
-    as long as the constant ops they came from are not modified (bnfold only
-    ever adds new constants and erases dead ones).
+    Create one per pass run: results are cached per `ir.Value`, which hashes
+    by address, so the rewriter tells it (`forget`) before any op is erased:
+    the next op MLIR creates would otherwise inherit the erased value's entry.
     """
 
     def __init__(self, module: ir.Module, *, bindings: dict[ir.Value, Const] | None = None,
@@ -113,6 +114,13 @@ class Evaluator:
     def constant(self, value: ir.Value) -> Const | None:
         result = self.evaluate(value)
         return result if isinstance(result, Const) else None
+
+    def forget(self, op: ir.Operation) -> None:
+        """Drops what is known about `op`'s results (it is about to be erased)."""
+        for result in op.results:
+            self._memo.pop(result, None)
+        if op.name == "func.func":
+            self._functions = None
 
     # -- one op ---------------------------------------------------------------
 
@@ -237,11 +245,7 @@ Handler = Callable[[ir.Operation, list[Const], tuple[int, ...], np.dtype], np.nd
 
 
 def _dense_i64(op: ir.Operation, name: str) -> list[int]:
-    attr = op.attributes[name]
-    try:
-        return list(ir.DenseI64ArrayAttr(attr))
-    except ValueError:
-        return [int(x) for x in np.asarray(ir.DenseIntElementsAttr(attr)).reshape(-1)]
+    return list(attributes.ints(op, name, default=0, rank=0))
 
 
 def _constant(op, args, shape, dtype):
@@ -361,9 +365,7 @@ _COMPARISONS: dict[str, Callable[[np.ndarray, np.ndarray], np.ndarray]] = {
 
 
 def _compare(op, args, shape, dtype):
-    text = str(op.attributes["comparison_direction"])
-    direction = text.rsplit(" ", 1)[-1].rstrip(">")
-    return _COMPARISONS[direction](args[0].array, args[1].array)
+    return _COMPARISONS[attributes.comparison_direction(op)](args[0].array, args[1].array)
 
 
 def _select(op, args, shape, dtype):
@@ -413,7 +415,7 @@ def varying_axis(array: np.ndarray) -> int | None:
     return axes[0] if len(axes) == 1 else None
 
 
-def per_channel(const: Const, axis: int) -> np.ndarray | str:
+def per_channel(const: Const, axis: int) -> np.ndarray | Refusal:
     """The constant as a vector along `axis` (length shape[axis]), or why not.
 
     Succeeds when the constant is a scalar or varies only along `axis`.
@@ -425,7 +427,8 @@ def per_channel(const: Const, axis: int) -> np.ndarray | str:
         # Materialized constants may still be uniform along the other axes.
         first = array[tuple(slice(0, 1) if d in others else slice(None) for d in range(array.ndim))]
         if not np.array_equal(array, np.broadcast_to(first, array.shape), equal_nan=True):
-            return f"constant varies along axis {others[0]}, not only the feature axis {axis}"
+            return Refusal(Code.AXIS, f"constant varies along axis {others[0]}, not only the "
+                                      f"feature axis {axis}")
         array = first
     vector = array.reshape(-1) if array.shape[axis] > 1 else np.repeat(array.reshape(-1)[:1], channels)
     return vector.astype(np.float64, copy=False)

@@ -1,10 +1,7 @@
-"""Use-def helpers and the module's symbol table, shared by every pass.
+"""Structural helpers shared by every pass: use-def, purity, functions and calls.
 
-Liveness matters for correctness: a fold is only allowed when the producer's
-result has no other *live* user. A user that is itself dead (a pure op whose
-results nobody reads) is removed by the cleanup after folding, so counting it
-would make a second run of bnfold fold more than the first (`fold(fold(m))`
-must equal `fold(m)`).
+Nothing here caches: facts that change as the IR changes (liveness) live in
+`bnfold.analysis`, which the rewriter keeps up to date.
 """
 
 from __future__ import annotations
@@ -13,7 +10,7 @@ from collections.abc import Iterable, Iterator
 
 from bnfold.ir import ir
 
-# Ops without side effects that cleanup erases when their results are unused.
+# Ops without side effects that the cleanup erases when their results are unused.
 _PURE_PREFIXES = ("stablehlo.", "chlo.")
 _IMPURE = frozenset({
     "stablehlo.custom_call", "stablehlo.send", "stablehlo.recv", "stablehlo.infeed",
@@ -43,34 +40,12 @@ def users(value: ir.Value) -> list[ir.Operation]:
 
 
 def is_pure(op: ir.Operation) -> bool:
+    """Free of side effects: the cleanup may erase it when nothing reads its results.
+
+    The one notion of purity in bnfold (the cleanup, liveness and the pure
+    private functions whose dead calls are erased all use it)."""
     name = op.name
     return name.startswith(_PURE_PREFIXES) and name not in _IMPURE
-
-
-def is_dead(op: ir.Operation, _depth: int = 0) -> bool:
-    """A pure op whose results are only read by dead ops (so cleanup removes it)."""
-    if not is_pure(op) or _depth > 64:
-        return False
-    return all(is_dead(u, _depth + 1) for r in op.results for u in users(r))
-
-
-def live_users(value: ir.Value) -> list[ir.Operation]:
-    """The users of `value` that survive cleanup."""
-    uses = iter(value.uses)
-    first = next(uses, None)
-    if first is None:
-        return []
-    second = next(uses, None)
-    if second is None:  # one user (dead chains are checked by their callers)
-        owner = as_operation(first.owner)
-        return [] if owner is None else [owner]
-    found = users(value)
-    return [u for u in found if not is_dead(u)]
-
-
-def sole_live_user(value: ir.Value) -> ir.Operation | None:
-    found = live_users(value)
-    return found[0] if len(found) == 1 else None
 
 
 def same_block(op: ir.Operation, value: ir.Value) -> bool:
@@ -97,10 +72,10 @@ def function_name(op: ir.Operation) -> str:
 
 def functions(module: ir.Module) -> Iterator[ir.Operation]:
     """The module's top-level `func.func` ops, in order."""
-    return _functions_in(module.body)
+    return functions_in(module.body)
 
 
-def _functions_in(body: ir.Block) -> Iterator[ir.Operation]:
+def functions_in(body: ir.Block) -> Iterator[ir.Operation]:
     for op in body.operations:
         if op.operation.name == "func.func":
             yield op.operation
@@ -124,6 +99,16 @@ def callee_name(call: ir.Operation) -> str:
     return ir.FlatSymbolRefAttr(call.attributes["callee"]).value
 
 
+def callee(call: ir.Operation) -> ir.Operation | None:
+    """The `func.func` a `func.call` calls (looked up in the module that holds the call)."""
+    table = call.parent
+    while table is not None and table.operation.name != "builtin.module":
+        table = table.parent
+    if table is None:
+        return None
+    return symbol_table_of(table.operation).get(callee_name(call))
+
+
 def symbol_table(module: ir.Module) -> dict[str, ir.Operation]:
     """`{name: func.func}` for every top-level function."""
     return {symbol_name(f): f for f in functions(module)}
@@ -131,7 +116,7 @@ def symbol_table(module: ir.Module) -> dict[str, ir.Operation]:
 
 def symbol_table_of(module_op: ir.Operation) -> dict[str, ir.Operation]:
     """`symbol_table` for a `builtin.module` operation."""
-    return {symbol_name(f): f for f in _functions_in(module_op.regions[0].blocks[0])}
+    return {symbol_name(f): f for f in functions_in(module_op.regions[0].blocks[0])}
 
 
 def lookup_function(module: ir.Module, name: str) -> ir.Operation | None:
@@ -141,6 +126,12 @@ def lookup_function(module: ir.Module, name: str) -> ir.Operation | None:
 def is_private(func: ir.Operation) -> bool:
     attrs = func.attributes
     return "sym_visibility" in attrs and ir.StringAttr(attrs["sym_visibility"]).value == "private"
+
+
+def single_block(func: ir.Operation) -> ir.Block | None:
+    """The body of a function with exactly one block."""
+    blocks = func.regions[0].blocks
+    return blocks[0] if len(blocks) == 1 else None
 
 
 def discardable_attributes(op: ir.Operation) -> dict[str, ir.Attribute]:

@@ -33,7 +33,7 @@ __all__ = [
     "serialize",
     "format_location",
     "format_diagnostics",
-    "xla_cpu_run",
+    "interpret",
 ]
 
 Format = Literal["mlir", "bytecode", "portable"]
@@ -266,23 +266,6 @@ def resource_blob(attr: ir.Attribute) -> bytes:
 
 
 # --- execution -------------------------------------------------------------
-
-
-def xla_cpu_run(text: str, inputs: Sequence[object]) -> list[object]:
-    """Compiles StableHLO text on XLA CPU and runs it; returns numpy arrays."""
-    import jax
-    import jax.extend
-    import numpy as np
-    from jax._src.lib import xla_client as xc
-
-    backend = jax.extend.backend.get_backend("cpu")
-    device = backend.devices()[0]
-    exe = backend.compile_and_load(text, xc.DeviceList((device,)), xc.CompileOptions())
-    # enable_x64 keeps f64/i64 inputs and outputs 64-bit for this call only.
-    with jax.enable_x64(True):
-        args = [jax.device_put(np.asarray(x), device) for x in inputs]
-        results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
-        return [np.asarray(r[0]) for r in results]
 
 
 def interpret(module: ir.Module, inputs: Sequence[ir.Attribute]) -> list[ir.Attribute]:

@@ -1,16 +1,21 @@
 """One decision per operation: folded into a producer, or refused with a reason.
 
-Matchers and planners are pure: they return a chain, a plan or a `Refusal`.
-The pipeline writes every decision here, keyed by the operation it is about
-(never by its location string: JAX gives every op of a layer the same name
-location), and turns the ledger into the `Report` once, at the end:
+Matchers and planners are pure: they return a match, a plan or a `Refusal`.
+Patterns write every decision here, keyed by the operation's `Handle` (never
+by its address, which MLIR reuses, nor by its location string: JAX gives
+every op of a layer the same name location), and the ledger turns into the
+`Report` once, at the end:
 
-    ledger.refuse(bn_op, "the mean is function argument %arg3 ...")
-    ledger.fold(fold_record, consumed_ops)    # drops earlier refusals of those ops
+    ledger.refuse(bn_op, Refusal(Code.PARAMETER, "the mean is function argument %arg3 ..."))
+    ledger.fold(fold_record, consumed_ops, producer=new_producer)
     report = ledger.report()
 
 A fold always wins over a refusal of the same op; a later refusal of an op
 that already folded is ignored (it was made with less information).
+
+The ledger listens to the rewriter: when a producer that absorbed folds is
+replaced again (equalization copies it with new kernels), its folds and the
+statistics of its output move to the successor.
 """
 
 from __future__ import annotations
@@ -21,57 +26,75 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnfold.graph import function_name
-from bnfold.ir import format_location, ir, op_id
+from bnfold.ir import format_location, ir
+from bnfold.refusal import Refusal
 from bnfold.report import Equalized, Fold, Report, Skip
+from bnfold.rewriter import Handle, Rewriter
+
+NodeRef = tuple[str, str]  # (Model Explorer graph id, node id), see bnfold.overlay
 
 
 @dataclass(frozen=True)
-class Refusal:
-    """Why `op` (the op that names a normalization) does not fold."""
+class Statistics:
+    """Mean and spread per channel of a producer's output after its fold (and bias)."""
 
-    op: ir.Operation
-    reason: str
+    mean: np.ndarray
+    spread: np.ndarray
 
-
-def op_key(op: ir.Operation) -> int:
-    return op_id(op)
+    def scaled(self, factor: np.ndarray) -> Statistics:
+        """The statistics of the output times a positive per-channel `factor`."""
+        return Statistics(self.mean * factor, self.spread * np.abs(factor))
 
 
 class Ledger:
-    """Decisions of one pass over one module."""
+    """Decisions of one run over one module."""
 
-    def __init__(self, source_name: str | None = None,
-                 nodes: dict[int, tuple[str, str]] | None = None) -> None:
+    def __init__(self, rewriter: Rewriter, source_name: str | None = None,
+                 nodes: dict[Handle, NodeRef] | None = None) -> None:
+        self._rewriter = rewriter
         self._source_name = source_name
-        self._nodes = nodes or {}  # op key -> Model Explorer node of the input (bnfold.overlay)
+        self._nodes = nodes or {}  # handle -> Model Explorer node of the input (bnfold.overlay)
         self._folds: list[Fold] = []
-        self._folded: set[int] = set()
-        self._refusals: dict[int, Skip] = {}
+        self._folded: set[Handle] = set()
+        self._refusals: dict[Handle, Skip] = {}
         self.expanded = 0
         self.inlined: list[str] = []
-        self.changed_functions: set[str] = set()
         self.equalize = False
-        # new producer (op key) -> the backward fold it absorbed (its statistics)
-        self.producer_folds: dict[int, Fold] = {}
-        # (mean, spread) per channel of a producer's output after its fold (high-bias absorption)
-        self.output_statistics: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.equalized: list[Equalized] = []
+        # each equalized set's record and its layers as equalization left them (for
+        # high-bias absorption, which runs next)
+        self.equalized_sets: list[tuple[Equalized, tuple[ir.Operation, ...]]] = []
         self._not_equalized: list[Skip] = []
+        # producer -> the folds it absorbed, and the statistics of its output
+        self._absorbed: dict[Handle, list[Fold]] = {}
+        # each forward fold and the producer it built (merge-bias looks after them)
+        self.forward_producers: list[tuple[Fold, ir.Operation]] = []
+        self._statistics: dict[Handle, Statistics] = {}
+        rewriter.listen(self)
 
     def location(self, op: ir.Operation) -> str:
         return format_location(op.location, self._source_name)
 
-    def fold(self, fold: Fold, ops: Iterable[ir.Operation]) -> Fold:
+    # -- folds and refusals -----------------------------------------------------
+
+    def fold(self, fold: Fold, ops: Iterable[ir.Operation], *,
+             producer: ir.Operation | None = None) -> Fold:
+        """Records `fold`, which consumed `ops`; `producer` now carries it."""
         fold.id = f"fold{len(self._folds)}"
         self._folds.append(fold)
-        self.changed_functions.add(fold.function)
         self.consume(fold, ops)
+        if producer is not None:
+            self._absorbed.setdefault(self._rewriter.handle(producer), []).append(fold)
         return fold
+
+    def fold_carried_by(self, fold: Fold, producer: ir.Operation) -> None:
+        """Another producer carries `fold` too (each branch of a multi-platform case)."""
+        self._absorbed.setdefault(self._rewriter.handle(producer), []).append(fold)
 
     def consume(self, fold: Fold, ops: Iterable[ir.Operation]) -> None:
         """Marks `ops` as folded by `fold` (which lists their names)."""
         for op in ops:
-            key = op_key(op)
+            key = self._rewriter.handle(op)
             if key not in self._folded:
                 fold.ops.append(op.name)
                 if key in self._nodes:
@@ -79,26 +102,62 @@ class Ledger:
             self._folded.add(key)
             self._refusals.pop(key, None)
 
-    def refuse(self, refusal: Refusal) -> None:
-        key = op_key(refusal.op)
+    def refuse(self, op: ir.Operation, refusal: Refusal) -> None:
+        """`op` (the op that names a normalization) does not fold, because `refusal`."""
+        key = self._rewriter.handle(op)
         if key in self._folded or key in self._refusals:
             return
-        op = refusal.op
-        self._refusals[key] = Skip(self.location(op), op.name, refusal.reason, function_name(op),
-                                   [self._nodes[key]] if key in self._nodes else [])
+        self._refusals[key] = self._skip(op, refusal)
 
-    def refuse_equalization(self, op: ir.Operation, reason: str) -> None:
-        """Layer 1 `op` was not equalized with the layer after it, because `reason`."""
-        key = op_key(op)
-        self._not_equalized.append(Skip(self.location(op), op.name, reason, function_name(op),
-                                        [self._nodes[key]] if key in self._nodes else []))
+    def refuse_equalization(self, op: ir.Operation, refusal: Refusal) -> None:
+        """Layer 1 `op` was not equalized with the layer after it, because `refusal`."""
+        self._not_equalized.append(self._skip(op, refusal))
+
+    def _skip(self, op: ir.Operation, refusal: Refusal) -> Skip:
+        key = self._rewriter.handle(op)
+        return Skip(self.location(op), op.name, refusal.message, function_name(op),
+                    [self._nodes[key]] if key in self._nodes else [], refusal.code.value)
 
     def is_folded(self, op: ir.Operation) -> bool:
-        return op_key(op) in self._folded
+        return self._rewriter.handle(op) in self._folded
 
     def is_decided(self, op: ir.Operation) -> bool:
-        key = op_key(op)
+        key = self._rewriter.handle(op)
         return key in self._folded or key in self._refusals
+
+    # -- what producers carry -----------------------------------------------------------
+
+    def statistics(self, producer: ir.Operation) -> Statistics | None:
+        return self._statistics.get(self._rewriter.handle(producer))
+
+    def set_statistics(self, producer: ir.Operation, statistics: Statistics) -> None:
+        self._statistics[self._rewriter.handle(producer)] = statistics
+
+    def folds_of(self, producer: ir.Operation) -> list[Fold]:
+        """The folds `producer` (or the op it replaced) absorbed."""
+        return self._absorbed.get(self._rewriter.handle(producer), [])
+
+    # -- the rewriter's listener ------------------------------------------------------------
+
+    def on_replace(self, old: Handle, successor: Handle | None) -> None:
+        if successor is None:
+            return
+        if old in self._absorbed:
+            self._absorbed.setdefault(successor, []).extend(self._absorbed.pop(old))
+        if old in self._statistics and successor not in self._statistics:
+            self._statistics[successor] = self._statistics.pop(old)
+
+    def on_erase(self, op: ir.Operation) -> None:
+        pass  # everything here is keyed by handles, which are never reused
+
+    def on_change(self) -> None:
+        pass
+
+    # -- the end ----------------------------------------------------------------------------
+
+    def absorbing_producers(self) -> dict[Handle, list[Fold]]:
+        """Every producer (by handle) that carries folds now."""
+        return {h: folds for h, folds in self._absorbed.items() if folds}
 
     def report(self) -> Report:
         return Report(folds=list(self._folds), skipped=list(self._refusals.values()),

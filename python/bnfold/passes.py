@@ -12,13 +12,15 @@ From Python, with any jaxlib `PassManager` (jaxlib accepts Python-defined passes
     pm.run(module.operation)
     print(fold.report.summary())
 
-bnfold's passes are `bnfold-fold` (options `disable=NAME,NAME`,
-`skip-func=NAME,NAME`, `expand-batch-norm=true|false`) and
-`bnfold-expand-batch-norm`; every other element goes to MLIR as text, so
-the upstream and StableHLO passes jaxlib registers work as in mlir-opt
-(StableHLO's are registered on first use). Note that jaxlib's `inline` pass
-is registered but inlines nothing (no inliner interfaces): bnfold-fold
-inlines the calls it needs itself (see the inline-calls pattern).
+bnfold's passes (`bnfold.patterns.PASSES`: `bnfold-fold`,
+`bnfold-expand-batch-norm`, `bnfold-equalize`) take every option of the
+schema (`bnfold.options`) as a pass option, except those the pass fixes:
+`bnfold-fold{disable=forward-affine skip-func=encoder pad-uniform-shift=true}`.
+Every other element goes to MLIR as text, so the upstream and StableHLO
+passes jaxlib registers work as in mlir-opt (StableHLO's are registered on
+first use). Note that jaxlib's `inline` pass is registered but inlines
+nothing (no inliner interfaces): bnfold-fold inlines the calls it needs
+itself (see the inline-calls pattern).
 """
 
 from __future__ import annotations
@@ -28,17 +30,14 @@ from typing import Any
 
 from bnfold.errors import BnfoldError
 from bnfold.ir import format_diagnostics, ir, passmanager, register_passes
-from bnfold.pipeline import FoldOptions, fold_module
+from bnfold.options import FoldOptions, OptionError, PassSpec
+from bnfold.patterns import PASSES
+from bnfold.pipeline import fold_module
 from bnfold.report import Report
 
-PASSES = {
-    "bnfold-fold": "fold batch normalization (every spelling) into convolutions and dot_generals",
-    "bnfold-expand-batch-norm": "rewrite every batch_norm_inference as multiply + add",
-    "bnfold-equalize": "fold, then equalize the weight ranges of consecutive layers "
-                       "(cross-layer equalization; option absorb-high-bias=true)",
-}
 UPSTREAM_EXAMPLES = ("canonicalize", "cse", "symbol-dce", "sccp", "inline",
                      "stablehlo-refine-shapes", "stablehlo-legalize-to-vhlo")
+_BY_NAME = {spec.name: spec for spec in PASSES}
 
 
 @dataclass
@@ -62,46 +61,63 @@ class FoldPass:
 
     options: FoldOptions
     source_name: str | None = None
+    graph_nodes: bool = False
     report: Report = field(default_factory=Report)
     error: BnfoldError | None = None
 
     def __call__(self, op: Any, pass_: Any) -> None:
         try:
             self.report.merge(fold_module(ModuleView(op.operation), self.options,  # type: ignore[arg-type]
-                                          source_name=self.source_name))
+                                          source_name=self.source_name,
+                                          graph_nodes=self.graph_nodes))
         except BnfoldError as e:
             self.error = e
             pass_.signal_pass_failure()
 
 
 def add_fold(pm: passmanager.PassManager, options: FoldOptions | None = None, *,
-             argument: str = "bnfold-fold", source_name: str | None = None) -> FoldPass:
+             argument: str = "bnfold-fold", source_name: str | None = None,
+             graph_nodes: bool = False) -> FoldPass:
     """Adds bnfold's fold to `pm` (at the module level); returns it for its report."""
-    fold = FoldPass(options or FoldOptions(), source_name)
+    fold = FoldPass(options or FoldOptions(), source_name, graph_nodes)
+    spec = _BY_NAME.get(argument, _BY_NAME["bnfold-fold"])
     # A generic operation pass, added to a module-anchored pass manager: it
     # runs on the module op itself.
-    pm.add(fold, name="BnfoldFold", argument=argument, description=PASSES["bnfold-fold"])
+    pm.add(fold, name="BnfoldFold", argument=argument, description=spec.description)
     return fold
 
 
-def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = None) -> Report:
-    """Runs a textual pipeline mixing bnfold's passes with MLIR's; returns bnfold's report."""
+def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = None,
+                 graph_nodes: bool = False) -> Report:
+    """Runs a textual pipeline mixing bnfold's passes with MLIR's; returns bnfold's report.
+
+    With `graph_nodes` (Model Explorer node data), the pipeline must start with a bnfold
+    pass: node ids describe the input as that pass received it."""
     register_passes()
     elements = split_pipeline(pipeline)
+    if graph_nodes and _name_and_options(elements[0])[0] not in _BY_NAME:
+        raise BnfoldError("--report-overlay describes the input's nodes: the pipeline must "
+                          f"start with one of bnfold's passes ({', '.join(_BY_NAME)})",
+                          location="--pass-pipeline")
     report = Report()
     folds: list[FoldPass] = []
     with module.context:
         pm = passmanager.PassManager("builtin.module")
-        for element in elements:
-            name, options = _name_and_options(element)
-            if name in PASSES:
-                folds.append(add_fold(pm, _fold_options(name, options), argument=name,
-                                      source_name=source_name))
+        for index, element in enumerate(elements):
+            name, given = _name_and_options(element)
+            if name.startswith("func.func(") and "bnfold-" in name:
+                raise BnfoldError(f"'{element}': bnfold's passes run on modules (they inline "
+                                  "across functions); write them at the top level, e.g. "
+                                  "'builtin.module(bnfold-fold)'", location="--pass-pipeline")
+            if name in _BY_NAME:
+                folds.append(add_fold(pm, _pass_options(_BY_NAME[name], given), argument=name,
+                                      source_name=source_name,
+                                      graph_nodes=graph_nodes and index == 0))
                 continue
             try:
                 pm.add(element)
             except ValueError as e:
-                raise BnfoldError(f"{_first_line(e)}; bnfold's passes: {', '.join(PASSES)}; "
+                raise BnfoldError(f"{_first_line(e)}; bnfold's passes: {', '.join(_BY_NAME)}; "
                                   f"MLIR's include {', '.join(UPSTREAM_EXAMPLES)} (any pass "
                                   f"jaxlib registers)", location="--pass-pipeline") from None
         try:
@@ -115,6 +131,14 @@ def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = 
     for fold in folds:
         report.merge(fold.report)
     return report
+
+
+def _pass_options(spec: PassSpec, given: dict[str, str]) -> FoldOptions:
+    try:
+        return spec.options(given)
+    except OptionError as e:
+        where = f"--pass-pipeline: {e.location}" if e.location else "--pass-pipeline"
+        raise BnfoldError(e.message, location=where) from None
 
 
 def split_pipeline(pipeline: str) -> list[str]:
@@ -142,45 +166,15 @@ def split_pipeline(pipeline: str) -> list[str]:
 
 
 def _name_and_options(element: str) -> tuple[str, dict[str, str]]:
-    if "{" not in element:
+    if "{" not in element or element.index("{") > element.find("(") >= 0:
         return element, {}
     name, _, rest = element.partition("{")
     body = rest.rstrip("}")
-    options: dict[str, str] = {}
+    given: dict[str, str] = {}
     for item in body.split():
         key, _, value = item.partition("=")
-        options[key] = value or "true"
-    return name.strip(), options
-
-
-def _fold_options(name: str, options: dict[str, str]) -> FoldOptions:
-    known = {"disable", "skip-func", "expand-batch-norm", "pad-uniform-shift"}
-    if name == "bnfold-equalize":
-        known.add("absorb-high-bias")
-    unknown = sorted(set(options) - known)
-    if unknown:
-        raise BnfoldError(f"{name} has no option {', '.join(unknown)}; its options: "
-                          f"{', '.join(sorted(known))}", location="--pass-pipeline")
-    if name == "bnfold-expand-batch-norm":
-        from bnfold.pipeline import pattern_names
-
-        return FoldOptions(disable=set(pattern_names()) - {"expand-batch-norm"},
-                           expand_batch_norm=True)
-    flags = {}
-    for key in ("expand-batch-norm", "pad-uniform-shift", "absorb-high-bias"):
-        flag = options.get(key, "false").lower()
-        if flag not in ("true", "false", "1", "0"):
-            raise BnfoldError(f"{key}={flag} is not true or false", location="--pass-pipeline")
-        flags[key] = flag in ("true", "1")
-    try:
-        return FoldOptions(disable=options.get("disable", ""),
-                           skip_functions=options.get("skip-func", ""),
-                           expand_batch_norm=flags["expand-batch-norm"],
-                           pad_uniform_shift=flags["pad-uniform-shift"],
-                           equalize=name == "bnfold-equalize",
-                           absorb_high_bias=flags["absorb-high-bias"])
-    except BnfoldError as e:
-        raise BnfoldError(f"{name}: {e.message}", location="--pass-pipeline") from None
+        given[key] = value or "true"
+    return name.strip(), given
 
 
 def _first_line(error: Exception) -> str:

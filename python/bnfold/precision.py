@@ -17,6 +17,17 @@ Under these rules the folded module's error against a float64 evaluation of
 the original stays within 1.5x the original's own error plus one ulp of the
 output type, which the property suite measures. Each fold reports the
 kernel's worst relative rounding against float64.
+
+Two more rules govern what moves across the producer:
+
+4. a forward-folded shift must not cancel (`shift_cancels`): `x @ (K*s) +
+   (t @ K)` computes at the magnitude of `x*s` and subtracts a bias of the
+   same size, where the original subtracted first. For a normalization `x*s +
+   t` whose output has unit spread, that magnitude is about `|t|`, so the
+   folded form loses about log2(1 + |t|) bits. Above `SHIFT_LIMIT` the shift
+   stays as one add before the producer (the scale still folds);
+5. a narrowing convert is a rounding that stays where the original has it: no
+   scale or shift is moved across it (`bnfold.laws`, Precision.NARROWS).
 """
 
 from __future__ import annotations
@@ -28,6 +39,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
+
+from bnfold.refusal import Code, Refusal
 
 if TYPE_CHECKING:
     from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +60,42 @@ def significand_bits(dtype: np.dtype) -> int:
     if dtype.kind == "f":
         return _IEEE_SIGNIFICAND_BITS.get(dtype.itemsize, 0)
     return _BFLOAT16_SIGNIFICAND_BITS if dtype.kind == "V" and dtype.name == "bfloat16" else 0
+
+
+def largest(dtype: np.dtype) -> float:
+    """The largest finite value of a float dtype (bfloat16 too)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return float(np.finfo(dtype).max)
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(dtype).max)
+
+
+def smallest_normal(dtype: np.dtype) -> float:
+    """The smallest positive normal value of a float dtype (bfloat16 too)."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return float(np.finfo(dtype).smallest_normal)
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(dtype).smallest_normal)
+
+
+def same_exponent_range(wide: np.dtype, narrow: np.dtype) -> bool:
+    """Whether `narrow` has the exponent range of `wide` (bf16 of f32): rounding to it then
+    never overflows or flushes a value `wide` holds as a normal number."""
+    def exponents(dtype: np.dtype) -> tuple[int, int]:
+        dtype = np.dtype(dtype)
+        if dtype.kind == "f":
+            info = np.finfo(dtype)
+            return int(info.minexp), int(info.maxexp)
+        import ml_dtypes
+
+        ml = ml_dtypes.finfo(dtype)
+        return int(ml.minexp), int(ml.maxexp)
+
+    return exponents(wide) == exponents(narrow)
 
 
 def type_name(dtype: np.dtype) -> str:
@@ -103,7 +152,7 @@ class Arena:
 
 def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray,
                  storage: np.dtype, effective: np.dtype, *,
-                 arena: Arena | None = None) -> Rounded | str:
+                 arena: Arena | None = None) -> Rounded | Refusal:
     """`kernel * factor` in float64, rounded once to `storage`, or why not.
 
     `compact` broadcasts to the kernel's `shape` (a splat is one element);
@@ -119,10 +168,10 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
         if product.size == 1:
             return _finish(product.reshape(()), storage, effective, splat=True)
         if size > MAX_EXPANDED_ELEMENTS:
-            return (f"the kernel is a splat or broadcast constant of {size} elements "
-                    f"({size * np.dtype(storage).itemsize / 2**30:.1f} GiB expanded) and the "
-                    f"per-channel scale would expand it; refused to keep memory proportional "
-                    f"to the input")
+            return Refusal(Code.LIMIT, f"the kernel is a splat or broadcast constant of {size} "
+                           f"elements ({size * np.dtype(storage).itemsize / 2**30:.1f} GiB "
+                           f"expanded) and the per-channel scale would expand it; refused to "
+                           f"keep memory proportional to the input")
         compact = np.broadcast_to(compact, shape)
     if size <= ROUNDING_SAMPLE:  # small: one float64 product, every weight checked
         with np.errstate(all="ignore"):
@@ -138,7 +187,7 @@ BLOCK_ELEMENTS = 1 << 18
 
 
 def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
-            effective: np.dtype) -> Rounded | str:
+            effective: np.dtype) -> Rounded | Refusal:
     """Scales in float64 and rounds once into `out` (the storage type), block
     by block (in parallel when the kernel is large), checking each block while
     it is in cache."""
@@ -266,30 +315,32 @@ def _sampled_rounding(kernel: np.ndarray, factor: np.ndarray, final: np.ndarray)
     return 0.0 if math.isnan(worst) else worst
 
 
-def _overflow(effective: np.dtype, bad: int, biggest: float) -> str:
-    return (f"precision: the folded kernel overflows {type_name(effective)} in {bad} "
-            f"weight(s) (largest |K*s| = {biggest:.3g}); a channel with variance ~0 "
-            f"(a dead channel) has a huge scale. Keep the normalization, or store the "
-            f"kernel in a wider type")
+def _overflow(effective: np.dtype, bad: int, biggest: float) -> Refusal:
+    return Refusal(Code.PRECISION,
+                   f"precision: the folded kernel overflows {type_name(effective)} in {bad} "
+                   f"weight(s) (largest |K*s| = {biggest:.3g}); a channel with variance ~0 "
+                   f"(a dead channel) has a huge scale. Keep the normalization, or store the "
+                   f"kernel in a wider type")
 
 
-def _underflow(effective: np.dtype, lost: int) -> str:
-    return (f"precision: {lost} nonzero weight(s) of the folded kernel round to zero in "
-            f"{type_name(effective)} (the scale is tiny); keep the normalization")
+def _underflow(effective: np.dtype, lost: int) -> Refusal:
+    return Refusal(Code.PRECISION,
+                   f"precision: {lost} nonzero weight(s) of the folded kernel round to zero in "
+                   f"{type_name(effective)} (the scale is tiny); keep the normalization")
 
 
 def _finish(exact: np.ndarray, storage: np.dtype, effective: np.dtype, *,
-             splat: bool) -> Rounded | str:
+             splat: bool) -> Rounded | Refusal:
     with np.errstate(all="ignore"):
         result = _check(np.asarray(exact, dtype=np.float64).reshape(-1), storage, effective)
-    if isinstance(result, str):
+    if isinstance(result, Refusal):
         return result
     stored, worst = result
     return Rounded(stored.reshape(np.shape(exact)), splat, worst)
 
 
 def _check(exact: np.ndarray, storage: np.dtype, effective: np.dtype
-           ) -> tuple[np.ndarray, float] | str:
+           ) -> tuple[np.ndarray, float] | Refusal:
     """Rounds a small 1-D array of exact products; (stored, worst rounding) or the violation."""
     stored = exact.astype(storage)
     final = stored if np.dtype(effective) == np.dtype(storage) else stored.astype(effective)
@@ -305,28 +356,48 @@ def _check(exact: np.ndarray, storage: np.dtype, effective: np.dtype
     return stored, 0.0 if math.isnan(worst) else worst
 
 
-def narrow_kernel_reason(kernel: np.dtype, compute: np.dtype, producer: str) -> str:
+def narrow_kernel_reason(kernel: np.dtype, compute: np.dtype, producer: str) -> Refusal:
     """Why a kernel narrower than the computation cannot absorb the scale."""
     k, c = type_name(kernel), type_name(compute)
-    return (f"precision: the kernel is stored as {k} but the {producer} result and the "
-            f"normalization are computed in {c}; folding would round the {c} scale into {k} "
-            f"weights (relative error up to {unit_roundoff(kernel):.1e} instead of "
-            f"{unit_roundoff(compute):.1e}). Keep the normalization, or keep the weights in "
-            f"{c} behind a convert")
+    return Refusal(Code.PRECISION,
+                   f"precision: the kernel is stored as {k} but the {producer} result and the "
+                   f"normalization are computed in {c}; folding would round the {c} scale into "
+                   f"{k} weights (relative error up to {unit_roundoff(kernel):.1e} instead of "
+                   f"{unit_roundoff(compute):.1e}). Keep the normalization, or keep the weights "
+                   f"in {c} behind a convert")
 
 
-def check_bias(shift: np.ndarray, dtype: np.dtype) -> str | None:
-    """Why the new bias cannot be stored in the output type, or None."""
+def check_bias(shift: np.ndarray, dtype: np.dtype, what: str = "the folded bias") -> Refusal | None:
+    """Why the new bias (or another new constant) cannot be stored in `dtype`, or None."""
     with np.errstate(all="ignore"):
         rounded = shift.astype(dtype).astype(np.float64)
     if not np.all(np.isfinite(rounded)):
-        return f"precision: the folded bias overflows {type_name(dtype)}"
+        return Refusal(Code.PRECISION, f"precision: {what} overflows {type_name(dtype)}")
     return None
+
+
+# A forward-folded shift may cost log2(1 + SHIFT_LIMIT) bits (2.3) against the
+# original; chosen with the fuzzer (tests/test_fuzz.py, README "precision contract"):
+# image normalizations have |t| <= ~2.2, raw-data ones 10^2 and more.
+SHIFT_LIMIT = 4.0
+
+
+def shift_cancels(shift: np.ndarray) -> Refusal | None:
+    """Why folding `shift` (in units of the normalized spread) past a producer would cancel."""
+    worst = float(np.max(np.abs(shift))) if shift.size else 0.0
+    if worst <= SHIFT_LIMIT:
+        return None
+    return Refusal(Code.CANCELS,
+                   f"precision: the shift is up to {worst:.3g} normalized units; folded past the "
+                   f"producer it would be computed at that magnitude and cancel about "
+                   f"{math.log2(1 + worst):.1f} bits that the original keeps (its limit is "
+                   f"|t| <= {SHIFT_LIMIT:g}, {math.log2(1 + SHIFT_LIMIT):.1f} bits)")
 
 
 def is_narrower(kernel: np.dtype, compute: np.dtype) -> bool:
     return significand_bits(kernel) < significand_bits(compute)
 
 
-__all__ = ["MAX_EXPANDED_ELEMENTS", "Rounded", "check_bias", "is_narrower",
-           "narrow_kernel_reason", "round_scaled", "significand_bits", "type_name"]
+__all__ = ["MAX_EXPANDED_ELEMENTS", "SHIFT_LIMIT", "Rounded", "check_bias", "is_narrower",
+           "largest", "narrow_kernel_reason", "round_scaled", "shift_cancels", "significand_bits",
+           "smallest_normal", "type_name"]

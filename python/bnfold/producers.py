@@ -23,9 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnfold import elements, precision
+from bnfold.attributes import conv_dims, dot_dims, feature_groups
 from bnfold.constants import Evaluator, NotConst
 from bnfold.graph import defining_op
-from bnfold.ir import ir, stablehlo
+from bnfold.ir import ir
+from bnfold.refusal import Code, Refusal
 
 NAMES = ("stablehlo.convolution", "stablehlo.dot_general")
 
@@ -40,14 +42,6 @@ class KernelAxis:
 
 def is_producer(op: ir.Operation) -> bool:
     return op.name in NAMES
-
-
-def conv_dims(op: ir.Operation) -> stablehlo.ConvDimensionNumbers:
-    return stablehlo.ConvDimensionNumbers(op.attributes["dimension_numbers"])
-
-
-def dot_dims(op: ir.Operation) -> stablehlo.DotDimensionNumbers:
-    return stablehlo.DotDimensionNumbers(op.attributes["dot_dimension_numbers"])
 
 
 def _free_dims(rank: int, *used: list[int]) -> list[int]:
@@ -71,13 +65,13 @@ def candidate_output_axes(op: ir.Operation) -> list[int]:
     return rhs_axes + lhs_axes
 
 
-def output_kernel_axis(op: ir.Operation, result_axis: int) -> KernelAxis | str:
+def output_kernel_axis(op: ir.Operation, result_axis: int) -> KernelAxis | Refusal:
     """Which kernel axis produces `result_axis`, or why there is none."""
     if op.name == "stablehlo.convolution":
         dims = conv_dims(op)
         if result_axis != dims.output_feature_dimension:
-            return (f"normalized axis {result_axis} is not the convolution's output feature "
-                    f"dimension {dims.output_feature_dimension}")
+            return Refusal(Code.AXIS, f"normalized axis {result_axis} is not the convolution's "
+                                      f"output feature dimension {dims.output_feature_dimension}")
         return KernelAxis(1, dims.kernel_output_feature_dimension)
     dot = dot_dims(op)
     lhs_rank = ir.RankedTensorType(op.operands[0].type).rank
@@ -86,7 +80,8 @@ def output_kernel_axis(op: ir.Operation, result_axis: int) -> KernelAxis | str:
     lhs_free = _free_dims(lhs_rank, dot.lhs_batching_dimensions, dot.lhs_contracting_dimensions)
     rhs_free = _free_dims(rhs_rank, dot.rhs_batching_dimensions, dot.rhs_contracting_dimensions)
     if result_axis < n_batch:
-        return f"normalized axis {result_axis} is a dot_general batching dimension"
+        return Refusal(Code.AXIS, f"normalized axis {result_axis} is a dot_general batching "
+                                  f"dimension")
     if result_axis < n_batch + len(lhs_free):
         return KernelAxis(0, lhs_free[result_axis - n_batch])
     return KernelAxis(1, rhs_free[result_axis - n_batch - len(lhs_free)])
@@ -122,7 +117,7 @@ def is_constant(value: ir.Value, evaluator: Evaluator) -> bool:
 
 
 def kernel(value: ir.Value, compute: np.dtype, evaluator: Evaluator, producer: str
-           ) -> Kernel | str:
+           ) -> Kernel | Refusal:
     """The kernel behind `value` that can absorb a scale computed in `compute`, or why none.
 
     A plain constant is read zero-copy; a kernel computed from constants
@@ -130,7 +125,7 @@ def kernel(value: ir.Value, compute: np.dtype, evaluator: Evaluator, producer: s
     """
     ty = elements.tensor_type(value)
     if ty is None or not elements.is_float(ty.element_type):
-        return f"kernel type {value.type} is not a static float tensor"
+        return Refusal(Code.NOT_FLOAT, f"kernel type {value.type} is not a static float tensor")
     effective = elements.numpy_dtype(ty.element_type)
     assert effective is not None
     source, convert = value, None
@@ -151,11 +146,11 @@ def kernel(value: ir.Value, compute: np.dtype, evaluator: Evaluator, producer: s
         try:
             values = elements.read_native(owner.attributes["value"], compact=True)
         except ValueError as e:
-            return f"kernel constant cannot be read: {e}"
+            return Refusal(Code.NOT_CONSTANT, f"kernel constant cannot be read: {e}")
         return Kernel(value, values, shape, storage, effective, convert, owner)
     result = evaluator.evaluate(source)
     if isinstance(result, NotConst):
-        return f"kernel is not constant ({result.reason})"
+        return Refusal(Code.NOT_CONSTANT, f"kernel is not constant ({result.reason})")
     return Kernel(value, result.array, shape, storage, effective, convert, None)
 
 
@@ -218,22 +213,23 @@ class InputScaleMap:
         return table.reshape(shape)
 
 
-def input_scale_map(op: ir.Operation, operand: int, axis: int) -> InputScaleMap | str:
+def input_scale_map(op: ir.Operation, operand: int, axis: int) -> InputScaleMap | Refusal:
     """How to fold a scale of operand `operand`'s axis `axis` into the other operand."""
     if op.name == "stablehlo.convolution":
         if operand != 0:
-            return "the normalized value is the convolution's kernel, not its input"
+            return Refusal(Code.NOT_LINEAR, "the normalized value is the convolution's kernel, "
+                                            "not its input")
         dims = conv_dims(op)
         if axis != dims.input_feature_dimension:
-            return (f"normalized axis {axis} is not the convolution's input feature "
-                    f"dimension {dims.input_feature_dimension}")
-        groups = ir.IntegerAttr(op.attributes["feature_group_count"]).value
+            return Refusal(Code.AXIS, f"normalized axis {axis} is not the convolution's input "
+                                      f"feature dimension {dims.input_feature_dimension}")
         return InputScaleMap(1, dims.kernel_input_feature_dimension,
-                             dims.kernel_output_feature_dimension, groups)
+                             dims.kernel_output_feature_dimension, feature_groups(op))
     dot = dot_dims(op)
     mine, theirs = ((dot.lhs_contracting_dimensions, dot.rhs_contracting_dimensions)
                     if operand == 0 else
                     (dot.rhs_contracting_dimensions, dot.lhs_contracting_dimensions))
     if axis not in mine:
-        return f"normalized axis {axis} is not a contracting dimension of the dot_general"
+        return Refusal(Code.AXIS, f"normalized axis {axis} is not a contracting dimension of "
+                                  f"the dot_general")
     return InputScaleMap(1 - operand, theirs[list(mine).index(axis)], None, 1)

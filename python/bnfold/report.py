@@ -15,11 +15,14 @@ keys `<fold id>/<name>`.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+
+_UIDS = itertools.count()  # every Fold of the process gets its own (ids are renumbered by merge)
 
 
 @dataclass
@@ -46,6 +49,7 @@ class Fold:
     # Model Explorer nodes (graph, node id) of the folded ops in the input, when
     # recorded (see `bnfold.overlay`).
     nodes: list[tuple[str, str]] = field(default_factory=list, repr=False, compare=False)
+    uid: int = field(default_factory=lambda: next(_UIDS), repr=False, compare=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,17 +63,22 @@ class Fold:
 
 @dataclass
 class Skip:
-    """A normalization (or equalization pair) left in place, and why."""
+    """A normalization (or equalization pair) left in place, and why.
+
+    `code` is the kind of obstacle (`bnfold.refusal.Code` values, e.g.
+    "parameter-argument", "users", "precision"): programs branch on it,
+    people read `reason`."""
 
     op: str
     op_name: str
     reason: str
     function: str
     nodes: list[tuple[str, str]] = field(default_factory=list, repr=False, compare=False)
+    code: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "op_name": self.op_name, "reason": self.reason,
-                "function": self.function}
+                "function": self.function, "code": self.code}
 
 
 @dataclass
@@ -239,11 +248,23 @@ class Report:
             if self.equalized:
                 text += f" ({_count(e.kind for e in self.equalized)})"
             text += f", {len(self.not_equalized)} pair(s) not equalized"
-        if self.skipped and not self.folds and \
-                all("function argument" in s.reason for s in self.skipped):
-            text += ("; every normalization's parameters are function arguments: bind them "
-                     "with --bind-params FILE.npz (or bnfold.jax_export.fold_exported)")
+        text += _bind_hint(self)
         return text
+
+
+_PARAMETER, _KERNEL = "parameter-argument", "kernel-argument"
+
+
+def _bind_hint(report: Report) -> str:
+    """When nothing folded because parameters are arguments: say which, and how to bind."""
+    codes = {s.code for s in report.skipped}
+    if report.folds or not report.skipped or not codes <= {_PARAMETER, _KERNEL}:
+        return ""
+    what = {frozenset({_PARAMETER}): "every normalization's parameters are",
+            frozenset({_KERNEL}): "every normalized producer's kernel is",
+            }.get(frozenset(codes), "the normalizations' parameters or their producers' kernels are")
+    return (f"; {what} function arguments: bind them with --bind-params FILE.npz "
+            "(or bnfold.jax_export.fold_exported)")
 
 
 def _short(op_name: str) -> str:

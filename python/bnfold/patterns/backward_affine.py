@@ -20,28 +20,39 @@ After:
 The same holds for `batch_norm_inference`, a bias add before the norm, the
 Keras scale/shift form, Equinox's divide and torchax's two multiplies.
 
-`match` and `plan` are pure (they return a value or a reason); `apply` only
-creates ops and redirects the uses of the chain's last folded op (the root):
-the old producer and chain become dead and the cleanup removes them.
+`match` and `plan` are pure (they return a value or a refusal); `apply`
+creates the folded producers and the bias, and replaces the chain's last
+folded op (the root): the old producer and chain become dead and the cleanup
+removes them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bnfold import affine, elements, precision, producers
-from bnfold.affine import Affine, Analysis, Composed, Step
-from bnfold.chains import Chain
+from bnfold.affine import Affine, Composed, Step
+from bnfold.analysis import Analysis
+from bnfold.chains import Chain, note
 from bnfold.constants import describe_argument, parameter_argument
-from bnfold.graph import carry_attributes, defining_op, live_users
-from bnfold.ir import ir, op_id
-from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
+from bnfold.graph import carry_attributes, defining_op
+from bnfold.ir import ir
+from bnfold.ledger import Statistics
+from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.inline_calls import CallSite, behind_calls
+from bnfold.patterns.rewrite import KernelRewrite, bias_add, fold_record, plan_kernel
+from bnfold.quant import statistics
+from bnfold.refusal import Code, Refusal
+
+if TYPE_CHECKING:
+    from bnfold.driver import Context
+    from bnfold.rewriter import Rewriter
 
 NAME = "backward-affine"
-DESCRIPTION = ("fold a per-channel affine chain (batch_norm_inference or its decomposed "
-               "spellings) into the convolution/dot_general before it")
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,14 @@ class Source:
 
 
 @dataclass(frozen=True)
+class Match:
+    """A chain and the producer(s) its head reads."""
+
+    source: Source
+    chain: Chain
+
+
+@dataclass(frozen=True)
 class Plan:
     """A backward fold, computed in float64, ready to apply."""
 
@@ -67,7 +86,8 @@ class Plan:
     affine: Affine
     kernels: tuple[KernelRewrite, ...] | None  # one per leaf; None: kernels kept (scale 1)
     bias: np.ndarray | None  # None when the shift is exactly 0
-    rest_reason: str | None  # why the chain's remaining steps did not fold
+    rest_reason: Refusal | None  # why the chain's remaining steps did not fold
+    chain: Chain | None = None
 
     @property
     def kernel_rounding(self) -> float:
@@ -77,7 +97,7 @@ class Plan:
 _REGION_OPS = ("stablehlo.case", "stablehlo.if")
 
 
-def match(chain: Chain) -> Source | None:
+def source(chain: Chain, analysis: Analysis) -> Source | None:
     """The producer (or branch producers) whose result is the chain's head operand."""
     value = chain.head.x
     owner = defining_op(value)
@@ -94,43 +114,47 @@ def match(chain: Chain) -> Source | None:
         returned = list(block.operations)[-1].operands[index]
         leaf = defining_op(returned)
         if leaf is None or not producers.is_producer(leaf) or leaf.block != block or \
-                len(live_users(returned)) != 1:
+                len(analysis.live_users(returned)) != 1:
             return None
         leaves.append(leaf)
     return Source(value, tuple(leaves))
 
 
-def plan(source: Source, chain: Chain, analysis: Analysis, *,
-         require_normalizing: bool = True, arena: precision.Arena | None = None) -> Plan | str:
+def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
+              require_normalizing: bool = True, arena: precision.Arena | None = None
+              ) -> Plan | Refusal:
     """The longest foldable prefix of `chain` over the producers' candidate axes, or why none.
 
     The new kernels are rounded into `arena` when given: the plan must then be
     applied (or dropped) before the arena is cleared.
     """
-    uses = len(live_users(source.value))
+    uses = len(analysis.live_users(source.value))
     if uses != 1:
-        return f"producer result has {uses} users"
+        return Refusal(Code.USERS, f"producer result has {uses} users")
     result_type = elements.ranked_type(source.value)
     if result_type is None:
-        return "producer result is not a ranked tensor"
+        return Refusal(Code.SYMBOLIC, "producer result is not a ranked tensor")
     if not elements.is_float(result_type.element_type):
-        return f"producer result type {result_type.element_type} is not float"
+        return Refusal(Code.NOT_FLOAT, f"producer result type {result_type.element_type} is not "
+                                       f"float")
     compute = elements.numpy_dtype(result_type.element_type)
     assert compute is not None
     shape = elements.shape_of(result_type)  # -1 for symbolic dimensions
     steps = list(chain.steps)
-    reasons: list[tuple[bool, str]] = []  # (the prefix would normalize, why not)
+    reasons: list[tuple[bool, Refusal]] = []  # (the prefix would normalize, why not)
     best: tuple[Composed, list[producers.KernelAxis]] | None = None
     for axis in producers.candidate_output_axes(source.leaves[0]):
         if shape[axis] < 0:
-            reasons.append((False, f"the feature axis {axis} has a symbolic size"))
+            reasons.append((False, Refusal(Code.SYMBOLIC,
+                                           f"the feature axis {axis} has a symbolic size")))
             continue
         composed = affine.compose(steps, Affine.identity(shape, axis), analysis.evaluator)
         if not composed.steps or (require_normalizing and not composed.normalizes):
-            reasons.append((composed.normalizes, composed.stop_reason or "nothing to fold"))
+            reasons.append((composed.normalizes,
+                            composed.stop_reason or Refusal(Code.NOTHING, "nothing to fold")))
             continue
         kernel_axes = _kernel_axes(source.leaves, axis, analysis)
-        if isinstance(kernel_axes, str):
+        if isinstance(kernel_axes, Refusal):
             reasons.append((composed.normalizes, kernel_axes))
             continue
         if best is None or len(composed.steps) > len(best[0].steps):
@@ -138,11 +162,11 @@ def plan(source: Source, chain: Chain, analysis: Analysis, *,
     if best is None:
         # Prefer the reason of a prefix that would have normalized.
         reasons.sort(key=lambda r: not r[0])
-        return reasons[0][1] if reasons else "nothing to fold"
+        return reasons[0][1] if reasons else Refusal(Code.NOTHING, "nothing to fold")
     composed, kernel_axes = best
     fit = composed.affine
     if not (np.all(np.isfinite(fit.scale)) and np.all(np.isfinite(fit.shift))):
-        return "folded scale or shift is not finite"
+        return Refusal(Code.PRECISION, "folded scale or shift is not finite")
     rewrites: list[KernelRewrite] | None = None
     # A normalization always gets new, canonical kernel constants; merging a
     # bias (require_normalizing=False) keeps the kernels when the scale is 1.
@@ -151,11 +175,11 @@ def plan(source: Source, chain: Chain, analysis: Analysis, *,
         for leaf, kernel_axis in zip(source.leaves, kernel_axes, strict=True):
             kernel = producers.kernel(leaf.operands[kernel_axis.operand], compute,
                                       analysis.evaluator, _producer_word(leaf))
-            if isinstance(kernel, str):
+            if isinstance(kernel, Refusal):
                 return kernel
             factor = producers.axis_factor(fit.scale, kernel_axis.axis, len(kernel.shape))
             planned = plan_kernel(kernel, factor, kernel_axis.operand, arena=arena)
-            if isinstance(planned, str):
+            if isinstance(planned, Refusal):
                 return planned
             rewrites.append(planned)
     bias = fit.shift if np.any(fit.shift != 0) else None
@@ -165,16 +189,16 @@ def plan(source: Source, chain: Chain, analysis: Analysis, *,
     if bias is not None and (problem := precision.check_bias(bias, bias_dtype or compute)):
         return problem
     return Plan(source, tuple(composed.steps), fit, None if rewrites is None else tuple(rewrites),
-                bias, composed.stop_reason)
+                bias, composed.stop_reason, chain)
 
 
 def _kernel_axes(leaves: tuple[ir.Operation, ...], axis: int, analysis: Analysis
-                 ) -> list[producers.KernelAxis] | str:
+                 ) -> list[producers.KernelAxis] | Refusal:
     """The kernel axis carrying result axis `axis` in every leaf, or why not."""
     found = []
     for leaf in leaves:
         kernel_axis = producers.output_kernel_axis(leaf, axis)
-        if isinstance(kernel_axis, str):
+        if isinstance(kernel_axis, Refusal):
             return kernel_axis
         if not producers.is_constant(leaf.operands[kernel_axis.operand], analysis.evaluator):
             which = "kernel" if leaf.name == "stablehlo.convolution" else \
@@ -189,39 +213,43 @@ def _producer_word(op: ir.Operation) -> str:
 
 
 def _not_constant(which: str, axis: int, producer: ir.Operation,
-                  kernel_axis: producers.KernelAxis, analysis: Analysis) -> str:
+                  kernel_axis: producers.KernelAxis, analysis: Analysis) -> Refusal:
     value = producer.operands[kernel_axis.operand]
     argument = parameter_argument(value, analysis.evaluator)
     if argument is not None:
-        return (f"the {which} (which carries axis {axis}) is not constant: it is "
-                f"{describe_argument(argument)}; {affine.BIND_HINT}")
-    return f"the {which} (which carries axis {axis}) is not constant"
+        return Refusal(Code.KERNEL_ARGUMENT,
+                       f"the {which} (which carries axis {axis}) is not constant: it is "
+                       f"{describe_argument(argument)}; {affine.BIND_HINT}")
+    return Refusal(Code.NOT_CONSTANT, f"the {which} (which carries axis {axis}) is not constant")
 
 
-def apply(p: Plan) -> tuple[ir.Operation, dict[int, ir.Operation]]:
-    """Builds the folded producers and the bias; redirects the root's uses.
+@dataclass(frozen=True)
+class Applied:
+    """What `apply` built: the op that names the normalization and the folded producers."""
 
-    Returns the op that names the normalization and, by `op_id` of each old
-    producer, the producer that now computes its folded result.
-    """
+    norm: ir.Operation
+    producers: tuple[ir.Operation, ...]
+
+
+def build(rewriter: Rewriter, p: Plan) -> Applied:
+    """Builds the folded producers and the bias; replaces the chain's last folded op."""
     steps = list(p.steps)
     last = steps[-1]
     norm = affine.fold_name_op(steps)
-    replaced: dict[int, ir.Operation] = {}
+    folded_producers: list[ir.Operation] = []
     base = p.source.value
     for index, leaf in enumerate(p.source.leaves):
         folded = leaf
         if p.kernels is not None:
             kernel = p.kernels[index]
             with ir.InsertionPoint(leaf):
-                kernel_value = kernel.build(leaf.location)
-                folded = leaf.clone(ip=ir.InsertionPoint(leaf)).operation
-            folded.operands[kernel.operand] = kernel_value
+                folded = rewriter.clone(leaf, {kernel.operand: kernel.build(leaf.location)})
             if p.source.direct:
                 base = folded.results[0]
+                rewriter.supersede(leaf, folded)
             else:  # the leaf is this branch's root: its region result now carries the fold
-                leaf.results[0].replace_all_uses_with(folded.results[0])
-        replaced[op_id(leaf)] = folded
+                rewriter.replace_op(leaf, [folded.results[0]], successor=folded)
+        folded_producers.append(folded)
     # Mixed precision: the bias goes after the converts that widen the result.
     lead = affine.leading_converts(steps)
     replacement: ir.Value = base
@@ -232,9 +260,83 @@ def apply(p: Plan) -> tuple[ir.Operation, dict[int, ir.Operation]]:
             replacement = bias_add(replacement, p.bias, p.affine.origin, last.op.location)
         with last.op.location:
             replacement = affine.replay_layout(replacement, steps[len(lead):])
-    assert replacement.type == last.result.type, (replacement.type, last.result.type)
     root_replacement = defining_op(replacement)
     if root_replacement is not None and root_replacement != defining_op(p.source.value):
         carry_attributes(last.op, root_replacement)
-    last.result.replace_all_uses_with(replacement)
-    return norm, replaced
+    rewriter.replace_op(last.op, [replacement], successor=root_replacement)
+    return Applied(norm, tuple(folded_producers))
+
+
+class BackwardAffine(Pattern[Chain, Match, Plan]):
+    """Folds each affine chain into the producer(s) before it."""
+
+    NAME = NAME
+    STAGE = Stage.FOLD
+
+    def roots(self, ctx: Context) -> Iterable[Chain]:
+        return ctx.candidates().chains
+
+    def match(self, ctx: Context, root: Chain) -> Match | None:
+        found = source(root, ctx.analysis)
+        if found is None or ctx.analysis.is_dead(root.tail.op):
+            return None
+        return Match(found, root)
+
+    def plan(self, ctx: Context, match: Match) -> Plan | Refusal:
+        ctx.arena.clear()  # the last plan's kernels are attributes by now
+        return plan_fold(match.source, match.chain, ctx.analysis, arena=ctx.arena)
+
+    def refuse(self, ctx: Context, subject: Chain | Match, refusal: Refusal) -> None:
+        chain = subject.chain if isinstance(subject, Match) else subject
+        note(ctx, list(chain.steps), backward=refusal)
+
+    def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
+        """A helper whose producer gets a constant kernel from this call site (a nested jit
+        block), or that returns a producer result (through nested helpers too) that the
+        caller normalizes, with a kernel constant at this call site."""
+        analysis = ctx.analysis
+        site = CallSite(call, callee)
+        body = [op.operation for op in callee.regions[0].blocks[0].operations]
+        arguments = site.arguments
+        for op in body:
+            if producers.is_producer(op) and any(
+                    operand in arguments and site.is_constant(operand, analysis)
+                    for operand in op.operands):
+                return True
+        for index, result in enumerate(call.results):
+            step = analysis.step(user) if (user := analysis.sole_live_user(result)) else None
+            if step is None or step.x != result:
+                continue
+            value, inner = behind_calls(site.returned(index), site)
+            producer = defining_op(value)
+            if producer is not None and producers.is_producer(producer) and \
+                    any(inner.is_constant(producer.operands[i], analysis) for i in (0, 1)):
+                return True
+        return False
+
+    def apply(self, rewriter: Rewriter, plan: Plan) -> Applied:
+        return build(rewriter, plan)
+
+    def record(self, ctx: Context, plan: Plan, applied: Applied) -> None:
+        steps = list(plan.steps)
+        fold = ctx.ledger.fold(
+            fold_record(ctx.ledger, plan.source.leaves[0], applied.norm, plan.affine, "backward",
+                        plan.kernel_rounding, steps),
+            [s.op for s in steps], producer=applied.producers[0])
+        for extra in applied.producers[1:]:  # the other branches of a multi-platform case
+            ctx.ledger.fold_carried_by(fold, extra)
+        options = ctx.options
+        if options.statistics or options.absorb_high_bias:
+            evaluator = ctx.analysis.evaluator
+            if "gamma" not in fold.params and fold.kind == "normalization":
+                fold.params.update(statistics.recover(steps, plan.affine, evaluator) or {})
+            output = statistics.pre_activation(steps, plan.affine, fold.params, evaluator)
+            if output is not None:
+                for producer in applied.producers:
+                    ctx.ledger.set_statistics(producer, Statistics(*output))
+        rest = list(plan.chain.steps[len(steps):]) if plan.chain is not None else []
+        if plan.rest_reason is not None and affine.looks_like_normalization(rest):
+            note(ctx, rest, backward=plan.rest_reason)
+
+
+PATTERN = BackwardAffine()

@@ -17,79 +17,78 @@ they are: `(x - bcast(m)) / sqrt(bcast(v) + eps) * bcast(g) + bcast(b)`.
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bnfold import elements
 from bnfold.affine import Affine, Step, apply
-from bnfold.constants import Evaluator
-from bnfold.graph import function_name
-from bnfold.ir import ir, rewrite, stablehlo
+from bnfold.ir import ir, stablehlo
+from bnfold.patterns.base import Pattern, Stage
+
+if TYPE_CHECKING:
+    from bnfold.driver import Context
+    from bnfold.rewriter import Rewriter
 
 NAME = "expand-batch-norm"
-DESCRIPTION = ("rewrite each batch_norm_inference that did not fold into multiply + add "
-               "(opt-in: --expand-batch-norm)")
 
 
-def run(functions: list[ir.Operation], evaluator: Evaluator) -> tuple[set[str], int]:
-    """Expands every static float batch_norm_inference.
+@dataclass(frozen=True)
+class Plan:
+    """A batch norm to expand: with its folded scale and shift, or (None) as the spec spells it."""
 
-    Returns the functions that changed and the number of expanded ops.
-
-    A root-only rewrite (the batch norm is replaced, nothing else touched),
-    so it runs under jaxlib's walk driver.
-    """
-    changed: set[str] = set()
-    count = [0]
-    errors: list[BaseException] = []
-
-    def match_and_rewrite(op: Any, rewriter: Any) -> bool:
-        op = op.operation
-        ty = elements.tensor_type(op.results[0])
-        if errors or ty is None or not elements.is_float(ty.element_type):
-            return no_match()
-        try:
-            # Everything about `op` is read before replace_op erases it.
-            changed.add(function_name(op))
-            rewriter.replace_op(op, [expand(op, evaluator)])
-            count[0] += 1
-        except Exception as e:  # noqa: BLE001 - the driver cannot carry it; re-raised below
-            errors.append(e)
-            return no_match()
-        return matched()
-
-    patterns = rewrite.RewritePatternSet()
-    patterns.add("stablehlo.batch_norm_inference", match_and_rewrite, 1)
-    frozen = patterns.freeze()
-    for func in functions:
-        rewrite.walk_and_apply_patterns(func, frozen)
-        if errors:
-            raise errors[0]
-    return changed, count[0]
+    op: ir.Operation
+    fit: Affine | None
 
 
-def no_match() -> bool:
-    """jaxlib's Python patterns signal "no match" with a truthy value."""
-    return True
+class ExpandBatchNorm(Pattern[ir.Operation, ir.Operation, Plan]):
+    """Expands every static float batch_norm_inference that is still there."""
+
+    NAME = NAME
+    STAGE = Stage.LOWER
+
+    def roots(self, ctx: Context) -> Iterable[ir.Operation]:
+        found: list[ir.Operation] = []
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            if op.operation.name == "stablehlo.batch_norm_inference":
+                found.append(op.operation)
+            return ir.WalkResult.ADVANCE
+
+        for func in ctx.functions():
+            func.walk(visit)
+        return found
+
+    def match(self, ctx: Context, root: ir.Operation) -> ir.Operation | None:
+        ty = elements.tensor_type(root.results[0])
+        if ty is None or not elements.is_float(ty.element_type) or ctx.analysis.is_dead(root):
+            return None
+        return root
+
+    def plan(self, ctx: Context, match: ir.Operation) -> Plan:
+        ty = ir.RankedTensorType(match.results[0].type)
+        feature = ir.IntegerAttr(match.attributes["feature_index"]).value
+        fit = apply(Affine.identity(tuple(ty.shape), feature), Step(match, 0), ctx.analysis.evaluator)
+        return Plan(match, fit if isinstance(fit, Affine) else None)
+
+    def apply(self, rewriter: Rewriter, plan: Plan) -> None:
+        op = plan.op
+        with ir.InsertionPoint(op), op.location:
+            value = _folded(op, plan.fit) if plan.fit is not None else _spec_decomposition(op)
+        rewriter.replace_op(op, [value])
+
+    def record(self, ctx: Context, plan: Plan, applied: None) -> None:
+        ctx.ledger.expanded += 1
 
 
-def matched() -> bool:
-    return False
-
-
-def expand(op: ir.Operation, evaluator: Evaluator) -> ir.Value:
-    """Builds the expansion of `op` before it and returns its result."""
+def _folded(op: ir.Operation, fit: Affine) -> ir.Value:
     ty = ir.RankedTensorType(op.results[0].type)
-    feature = ir.IntegerAttr(op.attributes["feature_index"]).value
     x = op.operands[0]
-    with ir.InsertionPoint(op), op.location:
-        fit = apply(Affine.identity(tuple(ty.shape), feature), Step(op, 0), evaluator)
-        if isinstance(fit, Affine):
-            scale = _vector(fit.scale, ty, feature)
-            shift = _vector(fit.shift, ty, feature)
-            return stablehlo.AddOp(stablehlo.MulOp(x, scale).result, shift).result
-        return _spec_decomposition(op, ty, feature)
+    scale = _vector(fit.scale, ty, fit.axis)
+    shift = _vector(fit.shift, ty, fit.axis)
+    return stablehlo.AddOp(stablehlo.MulOp(x, scale).result, shift).result
 
 
 def _vector(values: np.ndarray, ty: ir.RankedTensorType, axis: int) -> ir.Value:
@@ -97,7 +96,9 @@ def _vector(values: np.ndarray, ty: ir.RankedTensorType, axis: int) -> ir.Value:
     return stablehlo.BroadcastInDimOp(ty, const.result, [axis]).result
 
 
-def _spec_decomposition(op: ir.Operation, ty: ir.RankedTensorType, feature: int) -> ir.Value:
+def _spec_decomposition(op: ir.Operation) -> ir.Value:
+    ty = ir.RankedTensorType(op.results[0].type)
+    feature = ir.IntegerAttr(op.attributes["feature_index"]).value
     x, gamma, beta, mean, var = list(op.operands)
     eps = ir.FloatAttr(op.attributes["epsilon"]).value
     eps_const = stablehlo.ConstantOp(
@@ -110,3 +111,6 @@ def _spec_decomposition(op: ir.Operation, ty: ir.RankedTensorType, feature: int)
     stddev = stablehlo.SqrtOp(stablehlo.AddOp(bcast(var), eps_const.result).result).result
     normalized = stablehlo.DivOp(centered, stddev).result
     return stablehlo.AddOp(stablehlo.MulOp(normalized, bcast(gamma)).result, bcast(beta)).result
+
+
+PATTERN = ExpandBatchNorm()

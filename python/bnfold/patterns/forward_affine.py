@@ -31,36 +31,47 @@ margin. An explicit zero `stablehlo.pad` right before the convolution (Keras
     %y2 = stablehlo.convolution(%x, %k2) ... window = {pad = [[1, 1], [1, 1]]}
     %r = stablehlo.add %y2, %correction
 
-When the correction is refused (too large, dynamic spatial size) the scale
-still folds and `t / s` stays as one add before the producer. For a
-dot_general the shift becomes a bias only when the constant operand has one
-free dimension and no batching dimensions.
+When the correction is refused (too large, dynamic spatial size), or when
+the shift would cancel (`precision.shift_cancels`: `(x - 1e4) / 3` folded
+forward computes at the magnitude of x), the scale still folds and `t / s`
+stays as one add before the producer. For a dot_general the shift becomes a
+bias only when the constant operand has one free dimension and no batching
+dimensions. A narrowing convert between the chain and the producer is a
+rounding that stays where it is (`bnfold.laws`): only what lies after it
+folds.
 
-The root is the producer (or its existing bias add, which the new bias
-merges into): `apply` creates the folded producer and redirects the root's
-uses; the old producer and the chain are left to the cleanup.
+The root is the producer (or the last of the bias adds right after it, which
+the new bias merges into): `apply` creates the folded producer, replaces the
+root through the rewriter; the old producer and the chain are left to the
+cleanup.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from bnfold import affine, elements, precision, producers
-from bnfold.affine import Affine, Analysis, Step
+from bnfold import affine, attributes, elements, laws, precision, producers
+from bnfold.affine import Affine, Step
+from bnfold.analysis import Analysis
+from bnfold.chains import note
 from bnfold.constants import map_axis_through_reshape, per_channel
-from bnfold.graph import carry_attributes, defining_op, live_users, sole_live_user
+from bnfold.graph import carry_attributes, defining_op
 from bnfold.ir import ir, stablehlo
-from bnfold.patterns.rewrite import KernelRewrite, bias_add, constant_add, plan_kernel
+from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.inline_calls import CallSite, behind_calls
+from bnfold.patterns.rewrite import KernelRewrite, bias_add, constant_add, fold_record, plan_kernel
+from bnfold.refusal import Code, Refusal
 
 if TYPE_CHECKING:
     from bnfold import border
+    from bnfold.driver import Context
+    from bnfold.rewriter import Rewriter
 
 NAME = "forward-affine"
-DESCRIPTION = ("fold a per-channel affine chain into the convolution/dot_general after it "
-               "(through zero padding with an exact border correction)")
 
 
 @dataclass(frozen=True)
@@ -71,6 +82,21 @@ class Match:
     act_index: int
     steps: tuple[Step, ...]  # first step first; ends at the producer's activation
     pad: ir.Operation | None = None  # an explicit zero pad between the chain and a convolution
+    # Steps before a narrowing convert: they stay where they are (their rounding too).
+    upstream: tuple[Step, ...] = ()
+    narrowing: Refusal | None = None
+
+
+@dataclass(frozen=True)
+class Merge:
+    """The bias adds right after the producer that the new bias merges into."""
+
+    ops: tuple[ir.Operation, ...]
+    bias: np.ndarray
+
+    @property
+    def root(self) -> ir.Operation:
+        return self.ops[-1]
 
 
 @dataclass(frozen=True)
@@ -82,11 +108,11 @@ class Plan:
     kernel: KernelRewrite
     bias: np.ndarray | None
     out_axis: int
-    merge_into: ir.Operation | None  # the producer's existing bias add, if any
-    # When the shift cannot fold (zero padding, lhs_dilation): the shift over the
-    # scale, t / s, kept as one add before the producer, and why.
+    merge: Merge | None  # the producer's existing bias adds, if any
+    # When the shift cannot fold (zero padding, lhs_dilation, cancellation): the shift
+    # over the scale, t / s, kept as one add before the producer, and why.
     kept_shift: np.ndarray | None = None
-    kept_reason: str | None = None
+    kept_reason: Refusal | None = None
     in_axis: int = 0  # the producer input's feature axis (where kept_shift varies)
     # A uniform shift through zero padding: the padding moves into an explicit
     # stablehlo.pad of the unshifted input with this value (-t/s), low, high.
@@ -97,7 +123,7 @@ class Plan:
     correction: border.Correction | None = None
 
 
-def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
+def find(producer: ir.Operation, analysis: Analysis) -> Match | None:
     """The single-use chain of steps that ends at the producer's activation operand."""
     act_index = _activation_operand(producer, analysis)
     if act_index is None:
@@ -107,7 +133,7 @@ def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
     pad = _zero_pad(producer, value, analysis)
     if pad is not None:
         value = pad.operands[0]
-    while len(live_users(value)) == 1:
+    while len(analysis.live_users(value)) == 1:
         owner = defining_op(value)
         if owner is None or owner.block != producer.block:
             break
@@ -129,6 +155,47 @@ def match(producer: ir.Operation, analysis: Analysis) -> Match | None:
     return Match(producer, act_index, tuple(steps), pad)
 
 
+def _narrowing(steps: list[Step]) -> int | None:
+    """The index of the last convert in `steps` that narrows (a rounding that stays)."""
+    law = laws.LAWS["stablehlo.convert"]
+    found = [i for i, s in enumerate(steps)
+             if s.name == "stablehlo.convert" and law.precision(s.op) is laws.Precision.NARROWS]
+    return found[-1] if found else None
+
+
+def _split_at_narrowing(m: Match, analysis: Analysis) -> Match:
+    """`m` itself when no narrowing convert is in the way, or when only a scale crosses it
+    and the narrow type keeps the wide type's exponent range (rounding commutes with a scale
+    up to the same relative error); otherwise what follows the convert, with the reason the
+    rest stays."""
+    steps = list(m.steps)
+    at = _narrowing(steps)
+    if at is None:
+        return m
+    before, convert, after = steps[:at], steps[at], steps[at + 1:]
+    source, target = (elements.numpy_dtype(ir.RankedTensorType(v.type).element_type)
+                      for v in (convert.x, convert.result))
+    if before and source is not None and target is not None and \
+            precision.same_exponent_range(source, target):
+        start_shape = tuple(ir.RankedTensorType(before[0].x.type).shape)
+        axis = _axis_at_start(steps, _input_axis(m.producer, m.act_index) or 0)
+        if axis is not None:
+            composed = affine.compose(before, Affine.identity(start_shape, axis),
+                                      analysis.evaluator)
+            if composed.stop_reason is None and not np.any(composed.affine.shift):
+                return m
+    if not affine.normalizes(before):
+        return replace(m, steps=tuple(after))
+    names = [precision.type_name(d) if d is not None else "?" for d in (source, target)]
+    reason = Refusal(
+        Code.NARROWING,
+        f"forward: a convert rounds the normalized value from {names[0]} to {names[1]} before "
+        f"the producer; folded forward, the unnormalized input would be rounded to {names[1]} "
+        f"instead (before the mean is removed), so it stays: a rounding stays where the "
+        f"original has it")
+    return replace(m, steps=tuple(after), upstream=tuple(before), narrowing=reason)
+
+
 def _zero_pad(producer: ir.Operation, value: ir.Value, analysis: Analysis) -> ir.Operation | None:
     """An explicit zero pad feeding only this convolution, that its padding can take over.
 
@@ -138,13 +205,13 @@ def _zero_pad(producer: ir.Operation, value: ir.Value, analysis: Analysis) -> ir
     owner = defining_op(value)
     if producer.name != "stablehlo.convolution" or owner is None or \
             owner.name != "stablehlo.pad" or owner.block != producer.block or \
-            len(live_users(value)) != 1 or _lhs_dilated(producer):
+            len(analysis.live_users(value)) != 1 or attributes.is_lhs_dilated(producer):
         return None
     zero = analysis.constant(owner.operands[1])
     if zero is None or np.any(zero.array != 0):
         return None
-    attrs = owner.attributes
-    low, high, interior = (list(ir.DenseI64ArrayAttr(attrs[name]))
+    rank = ir.RankedTensorType(owner.operands[0].type).rank
+    low, high, interior = (attributes.ints(owner, name, default=0, rank=rank)
                            for name in ("edge_padding_low", "edge_padding_high", "interior_padding"))
     spatial = set(producers.conv_dims(producer).input_spatial_dimensions)
     if any(interior) or min(low + high) < 0 or \
@@ -153,136 +220,158 @@ def _zero_pad(producer: ir.Operation, value: ir.Value, analysis: Analysis) -> ir
     return owner
 
 
-def _lhs_dilated(op: ir.Operation) -> bool:
-    attrs = op.attributes
-    return "lhs_dilation" in attrs and any(d != 1 for d in ir.DenseI64ArrayAttr(attrs["lhs_dilation"]))
-
-
 def _padding(m: Match) -> np.ndarray | None:
     """The convolution's padding [spatial, 2], including an absorbed explicit pad."""
     op = m.producer
     if op.name != "stablehlo.convolution":
         return None
-    dims = producers.conv_dims(op)
-    n = len(dims.input_spatial_dimensions)
-    attrs = op.attributes
-    padding = (np.asarray(ir.DenseIntElementsAttr(attrs["padding"])).astype(np.int64)
-               if "padding" in attrs else np.zeros((n, 2), dtype=np.int64))
+    padding = attributes.padding(op)
     if m.pad is not None:
-        low = list(ir.DenseI64ArrayAttr(m.pad.attributes["edge_padding_low"]))
-        high = list(ir.DenseI64ArrayAttr(m.pad.attributes["edge_padding_high"]))
-        for k, d in enumerate(dims.input_spatial_dimensions):
+        rank = ir.RankedTensorType(m.pad.operands[0].type).rank
+        low = attributes.ints(m.pad, "edge_padding_low", default=0, rank=rank)
+        high = attributes.ints(m.pad, "edge_padding_high", default=0, rank=rank)
+        for k, d in enumerate(producers.conv_dims(op).input_spatial_dimensions):
             padding[k] += (low[d], high[d])
     return padding
 
 
-def plan(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False) -> Plan | str | None:
+def plan(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
+         ) -> Plan | Refusal | None:
     """The fold of `m`, or why it cannot fold (None: nothing worth folding)."""
+    m = _split_at_narrowing(m, analysis)
+    while m.steps and m.steps[0].name in affine.LAYOUT:
+        m = replace(m, steps=m.steps[1:])
     op, steps = m.producer, list(m.steps)
+    if not steps:
+        return m.narrowing
     end_type = elements.ranked_type(steps[-1].result)
     if end_type is None or not elements.is_float(end_type.element_type):
         return None
     axis_at_end = _input_axis(op, m.act_index)
     if axis_at_end is None:
-        return "forward: the dot_general contracts more than one dimension"
+        return Refusal(Code.AXIS, "forward: the dot_general contracts more than one dimension")
     start_axis = _axis_at_start(steps, axis_at_end)
     if start_axis is None:
-        return "forward: a reshape merges or splits the feature axis"
+        return Refusal(Code.AXIS, "forward: a reshape merges or splits the feature axis")
     first = steps[0]
     start_shape = tuple(ir.RankedTensorType(first.x.type).shape)
     composed = affine.compose(steps, Affine.identity(start_shape, start_axis), analysis.evaluator)
     if composed.stop_reason is not None:
         # Forward folding needs the whole chain up to the producer.
-        return f"forward: {composed.stop_reason}"
+        return composed.stop_reason.wrap("forward")
     if not composed.normalizes:
-        return None
+        return m.narrowing
     mapping = producers.input_scale_map(op, m.act_index, axis_at_end)
-    if isinstance(mapping, str):
-        return f"forward: {mapping}"
+    if isinstance(mapping, Refusal):
+        return mapping.wrap("forward")
     fit = composed.affine
     if not (np.all(np.isfinite(fit.scale)) and np.all(np.isfinite(fit.shift))):
-        return "forward: folded scale or shift is not finite"
+        return Refusal(Code.PRECISION, "forward: folded scale or shift is not finite")
     compute = elements.numpy_dtype(end_type.element_type)
     assert compute is not None
     kernel = producers.kernel(op.operands[mapping.operand], compute, analysis.evaluator,
                               op.name.removeprefix("stablehlo."))
-    if isinstance(kernel, str):
-        return f"forward: {kernel}"
+    if isinstance(kernel, Refusal):
+        return kernel.wrap("forward")
     rewrite = plan_kernel(kernel, mapping.expand(fit.scale, kernel.shape), mapping.operand)
-    if isinstance(rewrite, str):
-        return f"forward: {rewrite}"
-    result_type = ir.RankedTensorType(op.results[0].type)
-    out_dtype = elements.numpy_dtype(result_type.element_type)
-    bias: np.ndarray | None = None
-    out_axis = 0
-    merge_into = None
+    if isinstance(rewrite, Refusal):
+        return rewrite.wrap("forward")
+    absorbed = _padding(m) if m.pad is not None else None
+    if not np.any(fit.shift != 0):
+        return Plan(m, fit, rewrite, None, 0, None, padding=absorbed)
+    cancels = precision.shift_cancels(fit.shift)
+    if cancels is not None:
+        return _scale_only(m, fit, rewrite, cancels, axis_at_end, end_type, absorbed)
     padding = _padding(m)
-    absorbed = padding if m.pad is not None else None
-    if np.any(fit.shift != 0):
-        if padding is not None and (np.any(padding > 0) or _lhs_dilated(op)):
-            if pad_uniform_shift:
-                padded = _uniform_shift_through_padding(m, fit, rewrite, end_type, analysis, padding)
-                if padded is not None:
-                    return padded
-            corrected = _border_shift(m, mapping, kernel, fit, rewrite, padding, analysis)
-            if not isinstance(corrected, str):
-                return corrected
-            return _scale_only(m, fit, rewrite, corrected, axis_at_end, end_type, absorbed)
-        shifted = _shift_bias(op, mapping, kernel, fit.shift)
-        if isinstance(shifted, str):
-            return _scale_only(m, fit, rewrite, shifted, axis_at_end, end_type, absorbed)
-        bias, out_axis = shifted
-        existing = _existing_bias(op.results[0], out_axis, analysis)
-        if existing is not None:
-            merge_into, old = existing
-            bias = bias + old
-        if out_dtype is not None and (problem := precision.check_bias(bias, out_dtype)):
-            return f"forward: {problem}"
-    return Plan(m, fit, rewrite, bias, out_axis, merge_into, padding=absorbed)
+    if pad_uniform_shift and padding is not None and \
+            (np.any(padding > 0) or attributes.is_lhs_dilated(op)):
+        padded = _uniform_shift_through_padding(m, fit, rewrite, end_type, analysis, padding)
+        if padded is not None:
+            return padded
+    unpadded = ir.RankedTensorType(m.pad.operands[0].type) if m.pad is not None else None
+    through = shift_through(op, mapping, kernel, fit.shift, padding, unpadded)
+    if isinstance(through, Refusal):
+        return _scale_only(m, fit, rewrite, through, axis_at_end, end_type, absorbed)
+    merge = _merge(op.results[0], through.out_axis, analysis)
+    if merge is not None:
+        through = through.plus(merge.bias)
+    out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
+    if out_dtype is not None and (problem := precision.check_bias(through.values, out_dtype)):
+        return problem.wrap("forward")
+    return Plan(m, fit, rewrite, through.bias, through.out_axis, merge, padding=absorbed,
+                correction=through.correction)
 
 
-def _border_shift(m: Match, mapping: producers.InputScaleMap, kernel: producers.Kernel,
-                  fit: Affine, rewrite: KernelRewrite, padding: np.ndarray, analysis: Analysis
-                  ) -> Plan | str:
+@dataclass(frozen=True)
+class Through:
+    """A per-input-channel shift of a producer's activation, as it reaches the output: one
+    value per output channel, or a correction that varies near the borders."""
+
+    out_axis: int
+    bias: np.ndarray | None = None
+    correction: border.Correction | None = None
+
+    @property
+    def values(self) -> np.ndarray:
+        return self.correction.table if self.correction is not None else self.bias  # type: ignore[return-value]
+
+    def plus(self, bias: np.ndarray) -> Through:
+        if self.correction is not None:
+            return Through(self.out_axis, None, self.correction.add_bias(bias))
+        assert self.bias is not None
+        return Through(self.out_axis, self.bias + bias)
+
+
+def shift_through(op: ir.Operation, mapping: producers.InputScaleMap, kernel: producers.Kernel,
+                  shift: np.ndarray, padding: np.ndarray | None = None,
+                  unpadded: ir.RankedTensorType | None = None) -> Through | Refusal:
+    """`producer(x + t) - producer(x)` for a per-channel `t` of the activation, exactly.
+
+    Without zero padding or lhs_dilation holes it is a bias, `sum(K * t)` per
+    output channel; with them, output positions near a border see zeros for
+    some taps and it is `bnfold.border`'s correction (one value per channel
+    again when every position sees the same taps). `padding` replaces the
+    convolution's own (an absorbed explicit pad, whose input type is `unpadded`)."""
+    values = _kernel_f64(kernel)
+    if isinstance(values, Refusal):
+        return values
+    if op.name == "stablehlo.convolution":
+        padding = attributes.padding(op) if padding is None else padding
+        if np.any(padding > 0) or attributes.is_lhs_dilated(op):
+            return _border_shift(op, mapping, values, shift, padding, unpadded)
+    found = _shift_bias(op, mapping, values, shift)
+    if isinstance(found, Refusal):
+        return found
+    bias, out_axis = found
+    return Through(out_axis, bias)
+
+
+def _border_shift(op: ir.Operation, mapping: producers.InputScaleMap, values: np.ndarray,
+                  shift: np.ndarray, padding: np.ndarray,
+                  unpadded: ir.RankedTensorType | None) -> Through | Refusal:
     """The shift through zero padding as an exact constant correction of the output."""
     from bnfold import border  # only folds through padding need it (start-up time)
 
-    op = m.producer
-    unpadded = ir.RankedTensorType(m.pad.operands[0].type) if m.pad is not None else None
     win = border.window(op, padding, unpadded)
-    if isinstance(win, str):
-        return f"the shift cannot fold forward through zero padding: {win}"
-    values = _kernel_f64(kernel)
-    if isinstance(values, str):
-        return values
-    weighted = values * mapping.expand(fit.shift, kernel.shape)
-    limit = int(np.prod(kernel.shape)) + border.MARGIN_ELEMENTS
+    if isinstance(win, Refusal):
+        return win.wrap("the shift cannot fold forward through zero padding")
+    weighted = values * mapping.expand(shift, values.shape)
+    limit = int(np.prod(values.shape)) + border.MARGIN_ELEMENTS
     corr = border.correction(op, win, weighted, limit)
-    if isinstance(corr, str):
-        return f"the shift cannot fold forward through zero padding: {corr}"
-    dims = producers.conv_dims(op)
-    existing = _existing_bias(op.results[0], dims.output_feature_dimension, analysis)
-    merge_into = None
-    if existing is not None:
-        merge_into, old = existing
-        corr = corr.add_bias(old)
-    out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
-    if out_dtype is not None and (problem := precision.check_bias(corr.table, out_dtype)):
-        return problem
-    padding_out = padding if m.pad is not None else None
+    if isinstance(corr, Refusal):
+        return corr.wrap("the shift cannot fold forward through zero padding")
+    out_axis = producers.conv_dims(op).output_feature_dimension
     if corr.is_uniform:  # padding that every output position sees the same way
-        bias = corr.table.reshape(-1)
-        return Plan(m, fit, rewrite, bias, dims.output_feature_dimension, merge_into,
-                    padding=padding_out)
-    return Plan(m, fit, rewrite, None, dims.output_feature_dimension, merge_into,
-                padding=padding_out, correction=corr)
+        return Through(out_axis, corr.table.reshape(-1))
+    return Through(out_axis, None, corr)
 
 
-def _kernel_f64(kernel: producers.Kernel) -> np.ndarray | str:
+def _kernel_f64(kernel: producers.Kernel) -> np.ndarray | Refusal:
     """The kernel as the program computes with it (after any convert), in float64."""
     if kernel.values.shape != kernel.shape and \
             int(np.prod(kernel.shape)) > precision.MAX_EXPANDED_ELEMENTS:
-        return "the kernel is a huge splat constant; refused to expand it for the shift"
+        return Refusal(Code.LIMIT, "the kernel is a huge splat constant; refused to expand it "
+                                   "for the shift")
     values = np.broadcast_to(kernel.values, kernel.shape).astype(np.float64)
     if kernel.convert is not None:
         values = values.astype(kernel.effective).astype(np.float64)
@@ -304,7 +393,7 @@ def _uniform_shift_through_padding(m: Match, fit: Affine, rewrite: KernelRewrite
     op = m.producer
     if op.name != "stablehlo.convolution" or np.any(fit.scale == 0):
         return None
-    if _lhs_dilated(op) or np.any(padding < 0):
+    if attributes.is_lhs_dilated(op) or np.any(padding < 0):
         return None
     ratio = fit.shift / fit.scale
     if not np.all(ratio == ratio[0]):
@@ -326,35 +415,35 @@ def _uniform_shift_through_padding(m: Match, fit: Affine, rewrite: KernelRewrite
     axes = tuple(d for d in range(kernel.ndim) if d != out_kernel)
     bias = -value * np.sum(kernel, axis=axes)
     out_axis = dims.output_feature_dimension
-    merge_into = None
-    existing = _existing_bias(op.results[0], out_axis, analysis)
-    if existing is not None:
-        merge_into, old = existing
-        bias = bias + old
+    merge = _merge(op.results[0], out_axis, analysis)
+    if merge is not None:
+        bias = bias + merge.bias
     out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
     if out_dtype is not None and precision.check_bias(bias, out_dtype):
         return None
-    return Plan(m, fit, rewrite, bias, out_axis, merge_into, pad=(value, low, high),
+    return Plan(m, fit, rewrite, bias, out_axis, merge, pad=(value, low, high),
                 padding=np.zeros_like(padding))
 
 
-def _scale_only(m: Match, fit: Affine, rewrite: KernelRewrite, reason: str, axis: int,
-                end_type: ir.RankedTensorType, padding: np.ndarray | None) -> Plan | str:
+def _scale_only(m: Match, fit: Affine, rewrite: KernelRewrite, reason: Refusal, axis: int,
+                end_type: ir.RankedTensorType, padding: np.ndarray | None) -> Plan | Refusal:
     """Folds the scale only: x * s + t == (x + t / s) * s, and the zero padding
     the producer adds sees zeros either way; t / s stays as one add before it."""
     if np.any(fit.scale == 0):
-        return f"forward: {reason} (and a zero scale keeps the shift from staying alone)"
+        return Refusal(reason.code, f"forward: {reason} (and a zero scale keeps the shift from "
+                                    f"staying alone)")
     dtype = elements.numpy_dtype(end_type.element_type)
     if dtype is None or precision.significand_bits(dtype) < precision.significand_bits(
             np.dtype(np.float32)):
         # In f16/bf16 the kept form rounds t/s and x + t/s in the narrow type on top
         # of the scaled kernel; the thorough property suite found ill-conditioned
         # cases where that is measurably worse than the original.
-        return f"forward: {reason} (in {precision.type_name(dtype) if dtype else 'this type'} " \
-               f"the shift is not kept apart: it would add roundings the original never made)"
+        name = precision.type_name(dtype) if dtype else "this type"
+        return Refusal(reason.code, f"forward: {reason} (in {name} the shift is not kept apart: "
+                                    f"it would add roundings the original never made)")
     kept = fit.shift / fit.scale
     if dtype is not None and (problem := precision.check_bias(kept, dtype)):
-        return f"forward: {reason}; {problem}"
+        return Refusal(problem.code, f"forward: {reason}; {problem}")
     return Plan(m, fit, rewrite, None, 0, None, kept, reason, axis, padding=padding)
 
 
@@ -381,7 +470,7 @@ def _axis_at_start(steps: list[Step], axis: int) -> int | None:
     """Maps the producer-input axis back through the chain's layout steps."""
     for step in reversed(steps):
         if step.name == "stablehlo.transpose":
-            axis = list(ir.DenseI64ArrayAttr(step.op.attributes["permutation"]))[axis]
+            axis = attributes.permutation(step.op)[axis]
             continue
         if step.name != "stablehlo.reshape":
             continue
@@ -394,26 +483,24 @@ def _axis_at_start(steps: list[Step], axis: int) -> int | None:
     return axis
 
 
-def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, kernel: producers.Kernel,
-                shift: np.ndarray) -> tuple[np.ndarray, int] | str:
-    """The output bias a per-input-channel shift produces, and the output axis it varies on."""
-    values = _kernel_f64(kernel)
-    if isinstance(values, str):
-        return values
-    t = mapping.expand(shift, kernel.shape)
+def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, values: np.ndarray,
+                shift: np.ndarray) -> tuple[np.ndarray, int] | Refusal:
+    """The output bias a per-input-channel shift produces (no padding), and its output axis."""
+    t = mapping.expand(shift, values.shape)
     if op.name == "stablehlo.convolution":
         dims = producers.conv_dims(op)
         out_kernel = dims.kernel_output_feature_dimension
-        axes = tuple(d for d in range(len(kernel.shape)) if d != out_kernel)
+        axes = tuple(d for d in range(values.ndim) if d != out_kernel)
         return np.sum(values * t, axis=axes), dims.output_feature_dimension
     dot = producers.dot_dims(op)
     const_index = mapping.operand
     batching = dot.rhs_batching_dimensions if const_index == 1 else dot.lhs_batching_dimensions
     contracting = dot.rhs_contracting_dimensions if const_index == 1 else dot.lhs_contracting_dimensions
-    free = [d for d in range(len(kernel.shape)) if d not in batching and d not in contracting]
+    free = [d for d in range(values.ndim) if d not in batching and d not in contracting]
     if batching or len(free) != 1:
-        return "the shift of a dot_general input folds only into a weight with one free dimension"
-    axes = tuple(d for d in range(len(kernel.shape)) if d != free[0])
+        return Refusal(Code.AXIS, "the shift of a dot_general input folds only into a weight "
+                                  "with one free dimension")
+    axes = tuple(d for d in range(values.ndim) if d != free[0])
     bias = np.sum(values * t, axis=axes)
     # No batching dims here, so the result is (lhs free..., rhs free...) and the
     # weight's single free dim is the last axis (weight on the right) or the first.
@@ -421,22 +508,26 @@ def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, kernel: prod
     return bias, out_axis
 
 
-def _existing_bias(result: ir.Value, out_axis: int, analysis: Analysis
-                   ) -> tuple[ir.Operation, np.ndarray] | None:
-    """The producer's sole user and its bias if it is `add(result, per-channel constant)`."""
-    user = sole_live_user(result)
-    if user is None or user.name != "stablehlo.add":
-        return None
-    step = analysis.step(user)
-    if step is None or step.x != result or step.parameter is not None:
-        return None
-    const = analysis.constant(user.operands[1 - step.x_index])
-    if const is None:
-        return None
-    vector = per_channel(const, out_axis)
-    if isinstance(vector, str):
-        return None
-    return user, vector
+def _merge(result: ir.Value, out_axis: int, analysis: Analysis) -> Merge | None:
+    """The run of per-channel bias adds (and subtracts) right after the producer."""
+    ops: list[ir.Operation] = []
+    total: np.ndarray | None = None
+    value = result
+    while (user := analysis.sole_live_user(value)) is not None and \
+            user.name in ("stablehlo.add", "stablehlo.subtract"):
+        step = analysis.step(user)
+        if step is None or step.x != value or step.parameter is not None or \
+                (user.name == "stablehlo.subtract" and step.x_index != 0):
+            break
+        const = analysis.constant(user.operands[1 - step.x_index])
+        vector = per_channel(const, out_axis) if const is not None else None
+        if vector is None or isinstance(vector, Refusal):
+            break
+        vector = -vector if user.name == "stablehlo.subtract" else vector
+        total = vector if total is None else total + vector
+        ops.append(user)
+        value = user.results[0]
+    return Merge(tuple(ops), total) if total is not None else None
 
 
 def _explicit_pad(value: ir.Value, pad_value: float, low: list[int], high: list[int],
@@ -449,11 +540,16 @@ def _explicit_pad(value: ir.Value, pad_value: float, low: list[int], high: list[
         return stablehlo.PadOp(value, const.result, low, high, [0] * ty.rank).result
 
 
-def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
-    """Builds the folded producer (and merged bias); redirects the root's uses.
+@dataclass(frozen=True)
+class Applied:
+    """What `apply` built: the op that names the normalization and the folded producer."""
 
-    Returns the op that names the normalization and the folded producer.
-    """
+    norm: ir.Operation
+    producer: ir.Operation
+
+
+def build(rewriter: Rewriter, p: Plan) -> Applied:
+    """Builds the folded producer (and merged bias); replaces the root."""
     op, steps = p.match.producer, list(p.match.steps)
     norm = affine.norm_op(steps)
     with ir.InsertionPoint(op):
@@ -464,19 +560,16 @@ def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
             start = bias_add(start, p.kept_shift, p.in_axis, norm.location)
         if p.pad is not None:
             start = _explicit_pad(start, *p.pad, norm.location)
-        folded = op.clone(ip=ir.InsertionPoint(op)).operation
-    if p.padding is not None:  # an absorbed pad, or one moved into an explicit pad
+        folded = rewriter.clone(op, {p.kernel.operand: kernel_value, p.match.act_index: start})
+    if p.padding is not None:  # an absorbed pad, or one moved into an explicit pad (a new op)
         folded.attributes["padding"] = ir.DenseIntElementsAttr.get(
             cast(Any, np.ascontiguousarray(p.padding, dtype=np.int64)))
-    folded.operands[p.kernel.operand] = kernel_value
-    folded.operands[p.match.act_index] = start
-    root = p.merge_into or op
     if p.bias is None and p.correction is None:
-        op.results[0].replace_all_uses_with(folded.results[0])
-        return norm, folded
-    at = ir.InsertionPoint(p.merge_into) if p.merge_into is not None else ir.InsertionPoint.after(op)
-    loc = root.location if p.merge_into is not None else norm.location
-    with at:
+        rewriter.replace_op(op, [folded.results[0]], successor=folded)
+        return Applied(norm, folded)
+    root = p.merge.root if p.merge is not None else op
+    loc = root.location if p.merge is not None else norm.location
+    with ir.InsertionPoint.after(root):
         if (corr := p.correction) is not None:
             dims = producers.conv_dims(op)
             replacement = constant_add(folded.results[0], corr.table,
@@ -486,7 +579,82 @@ def apply(p: Plan) -> tuple[ir.Operation, ir.Operation]:
             assert p.bias is not None
             replacement = bias_add(folded.results[0], p.bias, p.out_axis, loc)
     owner = defining_op(replacement)
-    if owner is not None and p.merge_into is not None:
-        carry_attributes(p.merge_into, owner)
-    root.results[0].replace_all_uses_with(replacement)
-    return norm, folded
+    if owner is not None and p.merge is not None:
+        carry_attributes(root, owner)
+    if p.merge is not None:
+        rewriter.supersede(op, folded)
+        rewriter.replace_op(root, [replacement], successor=owner)
+    else:
+        rewriter.replace_op(op, [replacement], successor=folded)
+    return Applied(norm, folded)
+
+
+class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
+    """Folds the affine chain before each producer into it."""
+
+    NAME = NAME
+    STAGE = Stage.FOLD
+
+    def roots(self, ctx: Context) -> Iterable[ir.Operation]:
+        for producer in ctx.candidates().producers:
+            yield ctx.rewriter.current(producer)  # a backward fold may have replaced it
+
+    def match(self, ctx: Context, root: ir.Operation) -> Match | None:
+        if ctx.analysis.is_dead(root):
+            return None
+        return find(root, ctx.analysis)
+
+    def plan(self, ctx: Context, match: Match) -> Plan | Refusal | None:
+        return plan(match, ctx.analysis, pad_uniform_shift=ctx.options.pad_uniform_shift)
+
+    def refuse(self, ctx: Context, subject: ir.Operation | Match, refusal: Refusal) -> None:
+        if not isinstance(subject, Match):
+            return
+        split = _split_at_narrowing(subject, ctx.analysis)
+        note(ctx, list(split.upstream if refusal.code is Code.NARROWING and split.upstream
+                       else subject.steps), forward=refusal)
+
+    def apply(self, rewriter: Rewriter, plan: Plan) -> Applied:
+        return build(rewriter, plan)
+
+    def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
+        """A padding helper (`jnp.pad`, nested at any depth) between a normalization and a
+        convolution's input."""
+        analysis = ctx.analysis
+        site = CallSite(call, callee)
+        for index, result in enumerate(call.results):
+            user = analysis.sole_live_user(result)
+            if user is None or user.name != "stablehlo.convolution" or user.operands[0] != result:
+                continue
+            value, inner = behind_calls(site.returned(index), site)
+            pad = defining_op(value)
+            if pad is None or pad.name != "stablehlo.pad":
+                continue
+            source = inner.argument_value(pad.operands[0])
+            owner = defining_op(source) if source is not None else None
+            if owner is not None and analysis.step(owner) is not None:
+                return True
+        return False
+
+    def record(self, ctx: Context, plan: Plan, applied: Applied) -> None:
+        m = plan.match  # the steps that folded (after a narrowing convert, if one stays)
+        fold = ctx.ledger.fold(
+            fold_record(ctx.ledger, applied.producer, applied.norm, plan.affine, "forward",
+                        plan.kernel.worst_relative_rounding, list(m.steps)),
+            [s.op for s in m.steps], producer=applied.producer)
+        ctx.ledger.forward_producers.append((fold, applied.producer))
+        consumed = list(plan.merge.ops) if plan.merge is not None else []
+        if m.pad is not None:
+            consumed.append(m.pad)
+        ctx.ledger.consume(fold, consumed)
+        if plan.correction is not None:
+            fold.note = (f"shift folded exactly through zero padding: a border correction "
+                         f"built from {plan.correction.table.size} constants")
+        if plan.kept_reason is not None:
+            fold.note = (f"scale folded; the shift stays as one add before the "
+                         f"{m.producer.name.removeprefix('stablehlo.')}: {plan.kept_reason}")
+        if m.narrowing is not None:
+            note(ctx, list(m.upstream), forward=m.narrowing)
+
+
+PATTERN = ForwardAffine()

@@ -1,4 +1,4 @@
-"""inline-calls: inline private helpers that compute a producer feeding a normalization.
+"""inline-calls: inline private helpers where a fold or an equalization must see through them.
 
 JAX keeps a `jax.jit`-decorated helper (and Equinox's `filter_jit`) as a
 private function; the caller's constants arrive as its arguments and the
@@ -16,126 +16,151 @@ After (then folded as usual):
     %y = stablehlo.convolution(%x, %k) ...
     %c = stablehlo.subtract %y, %mean_b : tensor<1x8x8x8xf32>
 
-A call is inlined only when that enables a fold: the callee is private and
-has one block, and either it returns a convolution/dot_general result that
-the caller normalizes (the call result's only user is an affine step) with a
-kernel constant at this call site, or a producer inside it takes its kernel
-from an argument this call site passes as a constant (a nested jit block with
-its parameters as arguments), or it pads (`jnp.pad`) an affine step's result
-for a convolution. Each call site gets its own
-copy, so a helper shared by layers with different kernels is never changed
-under another caller; a callee left without callers is removed. Public
-functions and other calls are untouched.
+A call is inlined only where a later enabled pattern says it needs to see
+through it (`Pattern.wants_inline`): backward-affine when the helper returns a
+producer result (through nested helpers too) that the caller normalizes, or a
+producer inside takes a constant kernel from this call site; forward-affine
+when it pads a normalized input for a convolution; equalize when it sits
+between two layers (`call @relu6`). Every call site gets its own copy, so a
+helper shared by layers with different kernels is never changed under another
+caller; a helper left without callers is removed. Helpers inside helpers are
+reached in the next round (at most `MAX_ROUNDS`). Public functions, skipped
+functions (`--skip-func`) and other calls are untouched.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from bnfold import producers
-from bnfold.affine import Analysis
 from bnfold.graph import (
+    callee,
     callee_name,
     calls,
     defining_op,
-    function_name,
     function_of,
     functions,
     is_private,
-    live_users,
+    single_block,
     symbol_name,
 )
 from bnfold.ir import ir
+from bnfold.patterns import REGISTRY
+from bnfold.patterns.base import Pattern, Stage
+
+if TYPE_CHECKING:
+    from bnfold.analysis import Analysis
+    from bnfold.driver import Context
+    from bnfold.rewriter import Rewriter
 
 NAME = "inline-calls"
-DESCRIPTION = ("inline private helpers (jax.jit, filter_jit) whose convolution/dot_general "
-               "result the caller normalizes, one copy per call site")
-
-_MAX_ROUNDS = 4  # helpers calling helpers
+MAX_ROUNDS = 8  # helpers calling helpers calling helpers ...
 
 
-def run(module: ir.Module, funcs: list[ir.Operation],
-        make_analysis: Callable[[], Analysis]) -> tuple[set[str], list[str]]:
-    """Inlines every call that enables a fold; returns the changed functions and the
-    inlined callee names (once per call site)."""
-    changed: set[str] = set()
-    inlined: list[str] = []
-    names = {symbol_name(f) for f in funcs}
-    for _ in range(_MAX_ROUNDS):
-        analysis = make_analysis()
-        table = {symbol_name(f): f for f in functions(module)}
-        worth = [c for c in calls(f for f in functions(module) if symbol_name(f) in names)
-                 if _worth_inlining(c, table, analysis)]
-        if not worth:
+@dataclass(frozen=True)
+class Inline:
+    """A call site and the private single-block function it calls."""
+
+    call: ir.Operation
+    callee: ir.Operation
+
+
+class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
+    """Inlines the private calls later patterns need to see through."""
+
+    NAME = NAME
+    STAGE = Stage.PREPARE
+
+    def roots(self, ctx: Context) -> Iterable[ir.Operation]:
+        for _ in range(MAX_ROUNDS):  # each round reaches one more level of nesting
+            before = len(ctx.ledger.inlined)
+            yield from [c for c in calls(ctx.functions()) if not ctx.rewriter.is_replaced(c)]
+            if len(ctx.ledger.inlined) == before:
+                return
+
+    def match(self, ctx: Context, root: ir.Operation) -> Inline | None:
+        func = callee(root)
+        if func is None or not is_private(func) or single_block(func) is None or \
+                func == function_of(root) or symbol_name(func) in ctx.options.skip_functions:
+            return None
+        for entry in REGISTRY:
+            if entry.name != NAME and entry.stage > Stage.PREPARE and \
+                    ctx.options.enabled(entry.name, entry.opt_in) and \
+                    entry.load().wants_inline(ctx, root, func):
+                return Inline(root, func)
+        return None
+
+    def plan(self, ctx: Context, match: Inline) -> Inline:
+        return match
+
+    def apply(self, rewriter: Rewriter, plan: Inline) -> str:
+        inline(rewriter, plan.call, plan.callee)
+        return symbol_name(plan.callee)
+
+    def record(self, ctx: Context, plan: Inline, applied: str) -> None:
+        ctx.ledger.inlined.append(applied)
+
+    def finish(self, ctx: Context) -> None:
+        drop_uncalled(ctx, set(ctx.ledger.inlined))
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A callee's values as one call site sees them: its arguments are the call's operands
+    (which may themselves be arguments of an enclosing call site)."""
+
+    call: ir.Operation
+    callee: ir.Operation
+    outer: CallSite | None = None
+
+    @property
+    def arguments(self) -> list[ir.Value]:
+        block = single_block(self.callee)
+        return list(block.arguments) if block is not None else []
+
+    def argument_value(self, value: ir.Value) -> ir.Value | None:
+        """What the call passes for `value` if it is an argument (seen from the outermost
+        caller when the call is itself inside a helper), else None."""
+        arguments = self.arguments
+        if value not in arguments:
+            return None
+        passed = self.call.operands[arguments.index(value)]
+        if self.outer is not None:
+            outer = self.outer.argument_value(passed)
+            return passed if outer is None else outer
+        return passed
+
+    def is_constant(self, value: ir.Value, analysis: Analysis) -> bool:
+        """Whether `value` is a constant at this call site (a constant argument counts)."""
+        passed = self.argument_value(value)
+        return analysis.constant(passed if passed is not None else value) is not None
+
+    def returned(self, index: int) -> ir.Value:
+        block = single_block(self.callee)
+        assert block is not None
+        return list(block.operations)[-1].operands[index]
+
+
+def behind_calls(value: ir.Value, site: CallSite) -> tuple[ir.Value, CallSite]:
+    """The value a helper returns, followed into nested private helpers: where it is
+    really computed, and the call site that sees it there."""
+    for _ in range(MAX_ROUNDS):
+        owner = defining_op(value)
+        if owner is None or owner.name != "func.call":
             break
-        for call in worth:
-            callee = table[callee_name(call)]
-            changed.add(function_name(call))
-            inlined.append(symbol_name(callee))
-            inline(call, callee)
-        drop_uncalled(module, {symbol_name(table[n]) for n in inlined if n in table})
-    return changed, inlined
+        inner = callee(owner)
+        if inner is None or not is_private(inner) or single_block(inner) is None:
+            break
+        site = CallSite(owner, inner, site)
+        value = site.returned(next(i for i, r in enumerate(owner.results) if r == value))
+    return value, site
 
 
-def _worth_inlining(call: ir.Operation, table: dict[str, ir.Operation],
-                    analysis: Analysis) -> bool:
-    callee = table.get(callee_name(call))
-    if callee is None or not is_private(callee) or len(callee.regions[0].blocks) != 1 or \
-            callee == function_of(call):
-        return False
-    block = callee.regions[0].blocks[0]
-    body = list(block.operations)
-    returned = body[-1].operands
-    arguments = list(block.arguments)
-    # A nested jit block: its producer's kernel is an argument this call site
-    # passes as a constant (the normalization may be inside or after it).
-    for op in body:
-        if producers.is_producer(op.operation) and any(
-                operand in arguments and
-                analysis.constant(call.operands[arguments.index(operand)]) is not None
-                for operand in op.operation.operands):
-            return True
-    for index, value in enumerate(returned):
-        if _pads_a_normalized_input(call, index, value, arguments, analysis):
-            return True
-        producer = defining_op(value)
-        if producer is None or not producers.is_producer(producer):
-            continue
-        found = live_users(call.results[index])
-        if len(found) != 1:
-            continue
-        step = analysis.step(found[0])
-        if step is None or step.x != call.results[index]:
-            continue
-        if any(_constant_at_call(producer.operands[i], arguments, call, analysis)
-               for i in (0, 1)):
-            return True
-    return False
-
-
-def _pads_a_normalized_input(call: ir.Operation, index: int, value: ir.Value,
-                             arguments: list[ir.Value], analysis: Analysis) -> bool:
-    """A padding helper (`jnp.pad`) between an affine step and a convolution's input."""
-    pad = defining_op(value)
-    found = live_users(call.results[index])
-    if pad is None or pad.name != "stablehlo.pad" or pad.operands[0] not in arguments or \
-            len(found) != 1 or found[0].name != "stablehlo.convolution" or \
-            found[0].operands[0] != call.results[index]:
-        return False
-    source = defining_op(call.operands[arguments.index(pad.operands[0])])
-    return source is not None and analysis.step(source) is not None
-
-
-def _constant_at_call(value: ir.Value, arguments: list[ir.Value], call: ir.Operation,
-                      analysis: Analysis) -> bool:
-    if value in arguments:
-        return analysis.constant(call.operands[arguments.index(value)]) is not None
-    return analysis.constant(value) is not None
-
-
-def inline(call: ir.Operation, callee: ir.Operation) -> None:
-    """Copies the callee's body before `call`, redirects its results, erases the call."""
-    block = callee.regions[0].blocks[0]
+def inline(rewriter: Rewriter, call: ir.Operation, func: ir.Operation) -> None:
+    """Copies the callee's body before `call` and replaces the call with it."""
+    block = single_block(func)
+    assert block is not None
     mapping: dict[ir.Value, ir.Value] = dict(zip(block.arguments, call.operands, strict=True))
     body = list(block.operations)
     for op in body[:-1]:
@@ -143,13 +168,12 @@ def inline(call: ir.Operation, callee: ir.Operation) -> None:
         _remap(clone, mapping)
         for old, new in zip(op.results, clone.results, strict=True):
             mapping[old] = new
-    for result, value in zip(call.results, body[-1].operands, strict=True):
-        result.replace_all_uses_with(mapping.get(value, value))
-    call.erase()  # the root: replaced by the inlined body
+    returned = [mapping.get(value, value) for value in body[-1].operands]
+    rewriter.replace_op(call, returned)
 
 
 def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
-    """Points `op` and every op nested in it at the copies of callee values."""
+    """Points a new copy, and every op nested in it, at the copies of callee values."""
     def visit(inner: ir.Operation) -> ir.WalkResult:
         inner = inner.operation
         for i, operand in enumerate(inner.operands):
@@ -160,9 +184,22 @@ def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
     op.walk(visit)
 
 
-def drop_uncalled(module: ir.Module, names: set[str]) -> None:
-    """Erases private functions in `names` that no call refers to any more."""
-    called = {callee_name(c) for c in calls(functions(module))}
-    for func in list(functions(module)):
-        if symbol_name(func) in names and symbol_name(func) not in called and is_private(func):
-            func.erase()
+def drop_uncalled(ctx: Context, names: set[str]) -> None:
+    """Drops the private functions in `names` that no live call refers to any more (a
+    helper whose only callers were inside a dropped helper goes too)."""
+    rewriter = ctx.rewriter
+    dropped: set[str] = set()
+    while True:
+        live = [f for f in functions(ctx.module)
+                if symbol_name(f) not in dropped and not rewriter.is_replaced(f)]
+        called = {callee_name(c) for c in calls(live) if not rewriter.is_replaced(c)}
+        gone = [f for f in live if symbol_name(f) in names and symbol_name(f) not in called
+                and is_private(f) and symbol_name(f) not in ctx.options.skip_functions]
+        if not gone:
+            return
+        for func in gone:
+            dropped.add(symbol_name(func))
+            rewriter.drop_function(func)
+
+
+PATTERN = InlineCalls()

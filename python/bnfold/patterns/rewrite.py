@@ -1,20 +1,27 @@
-"""IR builders shared by the folding patterns: the new kernel and the bias add.
+"""Builders shared by the patterns: the new kernel, the bias add, the fold record.
 
-Both only create ops (with the location and discardable attributes of the
-ops they stand in for); neither changes an existing op.
+The IR builders only create ops (with the location and discardable
+attributes of the ops they stand in for); none changes an existing op.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnfold import elements, precision
-from bnfold.graph import carry_attributes
+from bnfold import affine, elements, precision
+from bnfold.graph import carry_attributes, function_name
 from bnfold.ir import ir, stablehlo
 from bnfold.producers import Kernel
+from bnfold.refusal import Refusal
+from bnfold.report import Fold
+
+if TYPE_CHECKING:
+    from bnfold.affine import Affine, Step
+    from bnfold.ledger import Ledger
 
 
 @dataclass(frozen=True)
@@ -56,12 +63,12 @@ class KernelRewrite:
 
 
 def plan_kernel(kernel: Kernel, factor: np.ndarray, operand: int, *,
-                arena: precision.Arena | None = None) -> KernelRewrite | str:
+                arena: precision.Arena | None = None) -> KernelRewrite | Refusal:
     """`kernel * factor` rounded under the precision contract, or why not
     (into `arena`'s memory when given: see `precision.Arena`)."""
     rounded = precision.round_scaled(kernel.values, kernel.shape, factor, kernel.storage,
                                      kernel.effective, arena=arena)
-    if isinstance(rounded, str):
+    if isinstance(rounded, Refusal):
         return rounded
     return KernelRewrite(kernel, rounded, operand)
 
@@ -114,3 +121,19 @@ def _shape_of(value: ir.Value) -> ir.Value:
                 sizes[ty.shape[d]] = stablehlo.ConstantOp(attr).result
             parts.append(sizes[ty.shape[d]])
     return stablehlo.ConcatenateOp(parts, 0).result
+
+
+def fold_record(ledger: Ledger, producer: ir.Operation, norm: ir.Operation, fit: Affine,
+                direction: str, kernel_rounding: float, steps: list[Step]) -> Fold:
+    """The report record of one fold (the ledger gives it its id)."""
+    params = {"scale": fit.scale.copy(), "shift": fit.shift.copy()}
+    if len(fit.gamma_beta) == 1:
+        params.update(fit.gamma_beta[0])
+    return Fold(
+        id="", producer=ledger.location(producer), producer_op=producer.name,
+        norm=ledger.location(norm), norm_op=norm.name,
+        form="batch_norm_inference" if fit.gamma_beta else "decomposed",
+        direction=direction, channels=fit.channels, ops=[], function=function_name(producer),
+        params=params, kernel_rounding=kernel_rounding,
+        kind="normalization" if affine.looks_like_normalization(steps) else "affine",
+    )

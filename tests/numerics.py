@@ -1,4 +1,5 @@
-"""Run modules on XLA CPU and the StableHLO reference interpreter; compare outputs.
+"""Test infrastructure: run modules on XLA CPU and the StableHLO reference interpreter,
+and compare outputs.
 
 One tolerance table per dtype and one `check_close`, so every numerics test
 means the same thing by "equal". The error measure is the maximum absolute
@@ -27,7 +28,7 @@ from bnfold import elements
 from bnfold.errors import BnfoldError
 from bnfold.graph import lookup_function
 from bnfold.ir import interpret as _interpret
-from bnfold.ir import ir, serialize, xla_cpu_run
+from bnfold.ir import ir, serialize
 
 # max |actual - expected| <= RTOL[dtype] * max(|expected|)
 RTOL: dict[str, float] = {
@@ -121,6 +122,22 @@ def run_xla(module: ir.Module | str, inputs: Sequence[np.ndarray]) -> list[np.nd
     return [np.asarray(r) for r in xla_cpu_run(text, list(inputs))]
 
 
+def xla_cpu_run(text: str, inputs: Sequence[object]) -> list[object]:
+    """Compiles StableHLO text on XLA CPU and runs it; returns numpy arrays."""
+    import jax
+    import jax.extend
+    from jax._src.lib import xla_client as xc  # test infrastructure: no public API for this
+
+    backend = jax.extend.backend.get_backend("cpu")
+    device = backend.devices()[0]
+    exe = backend.compile_and_load(text, xc.DeviceList((device,)), xc.CompileOptions())
+    # enable_x64 keeps f64/i64 inputs and outputs 64-bit for this call only.
+    with jax.enable_x64(True):
+        args = [jax.device_put(np.asarray(x), device) for x in inputs]
+        results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
+        return [np.asarray(r[0]) for r in results]
+
+
 class InterpreterCrash(RuntimeError):
     """The reference interpreter aborted (it reports some bugs as LLVM fatal errors)."""
 
@@ -139,7 +156,7 @@ def interpret(module: ir.Module | str, inputs: Sequence[np.ndarray], *,
         request = os.path.join(tmp, "request.pkl")
         with open(request, "wb") as f:
             pickle.dump((text, [np.asarray(x) for x in inputs]), f)
-        proc = subprocess.run([sys.executable, "-m", "bnfold.numerics", request],
+        proc = subprocess.run([sys.executable, __file__, request],
                               capture_output=True, text=True, check=False)
         if proc.returncode != 0:
             tail = "\n".join(proc.stderr.strip().splitlines()[-5:])

@@ -1,0 +1,103 @@
+"""Memoized facts about one module during one run, kept valid by the rewriter.
+
+    constants   `Evaluator`: float64 values of constant subgraphs (by value)
+    steps       each op as an affine chain step (`bnfold.affine.as_step`)
+    liveness    which ops survive the cleanup: replaced ops (tombstones) and
+                side-effect-free ops whose every user is dead do not count
+
+Liveness matters for correctness: a fold is only allowed when the producer's
+result has no other *live* user. A user that is dead code is removed by the
+cleanup, so counting it would make a second run fold more than the first
+(`fold(fold(m))` must equal `fold(m)`).
+
+`Analysis` listens to the `Rewriter`: an erase drops what was cached for the
+erased op's values (their addresses are reused at once), and any change of
+uses drops the liveness cache. This is the only place these facts live.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bnfold.constants import Const, Evaluator
+from bnfold.graph import as_operation, is_pure, users
+from bnfold.ir import ir, op_id
+from bnfold.rewriter import Handle, Rewriter
+
+if TYPE_CHECKING:
+    from bnfold.affine import Step
+
+_MAX_DEAD_DEPTH = 64
+
+
+class Analysis:
+    """Constants, chain steps and liveness of one module during one run."""
+
+    def __init__(self, module: ir.Module, rewriter: Rewriter | None = None) -> None:
+        self.module = module
+        self.rewriter = rewriter if rewriter is not None else Rewriter()
+        self.evaluator = Evaluator(module)
+        self._steps: dict[ir.Value, Step | None] = {}
+        self._dead: dict[int, bool] = {}
+        self.rewriter.listen(self)
+
+    # -- constants and steps ------------------------------------------------------
+
+    def constant(self, value: ir.Value) -> Const | None:
+        return self.evaluator.constant(value)
+
+    def step(self, op: ir.Operation) -> Step | None:
+        """`op` as a chain step (activation operand + constants), or None."""
+        from bnfold.affine import STEP_NAMES, as_step
+
+        if op.name not in STEP_NAMES or len(op.results) != 1:
+            return None
+        key = op.results[0]
+        if key not in self._steps:
+            self._steps[key] = as_step(op, self.evaluator)
+        return self._steps[key]
+
+    # -- liveness -------------------------------------------------------------------
+
+    def is_dead(self, op: ir.Operation) -> bool:
+        """Replaced, or side-effect free with every user dead (the cleanup removes it)."""
+        key = op_id(op)
+        cached = self._dead.get(key)
+        if cached is None:
+            cached = self._dead[key] = self._is_dead(op, 0)
+        return cached
+
+    def _is_dead(self, op: ir.Operation, depth: int) -> bool:
+        if self.rewriter.is_replaced(op):
+            return True
+        if not is_pure(op) or depth > _MAX_DEAD_DEPTH:
+            return False
+        return all(self._is_dead(u, depth + 1) for r in op.results for u in users(r))
+
+    def live_users(self, value: ir.Value) -> list[ir.Operation]:
+        """The users of `value` that survive the cleanup."""
+        uses = iter(value.uses)
+        first = next(uses, None)
+        if first is None:
+            return []
+        if next(uses, None) is None:  # the common case: one user
+            owner = as_operation(first.owner)
+            return [] if owner is None or self.rewriter.is_replaced(owner) else [owner]
+        return [u for u in users(value) if not self.is_dead(u)]
+
+    def sole_live_user(self, value: ir.Value) -> ir.Operation | None:
+        found = self.live_users(value)
+        return found[0] if len(found) == 1 else None
+
+    # -- the rewriter's listener ------------------------------------------------------
+
+    def on_replace(self, old: Handle, successor: Handle | None) -> None:
+        pass
+
+    def on_erase(self, op: ir.Operation) -> None:
+        for result in op.results:
+            self._steps.pop(result, None)
+        self.evaluator.forget(op)
+
+    def on_change(self) -> None:
+        self._dead.clear()

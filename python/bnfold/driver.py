@@ -1,0 +1,89 @@
+"""The driver: runs the registered patterns, in their declared order, over one module.
+
+    for each registry entry that is enabled (bnfold.patterns.REGISTRY):
+        for each root the pattern names (re-read as the IR changes):
+            match (pure)  -> Match | Refusal | None
+            plan  (pure)  -> Plan  | Refusal | None
+            apply(rewriter, plan); record(ctx, plan, applied)
+        finish
+    at the end of the FOLD stage: every normalization gets its decision (chains.explain)
+
+A refusal goes back to the pattern that made it (`Pattern.refuse`), which
+notes it for the report. Nothing here knows what a pattern does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from bnfold import chains, precision
+from bnfold.analysis import Analysis
+from bnfold.chains import Candidates, Notes
+from bnfold.graph import functions, symbol_name
+from bnfold.ir import ir
+from bnfold.ledger import Ledger
+from bnfold.options import FoldOptions
+from bnfold.patterns import REGISTRY, Entry
+from bnfold.patterns.base import Pattern, Stage
+from bnfold.refusal import Refusal
+from bnfold.rewriter import Handle, Rewriter
+
+
+@dataclass
+class Context:
+    """What a pattern sees during one run: the module, the options, the analysis (read),
+    the ledger (write, through `record` and `refuse`) and the rewriter (through `apply`)."""
+
+    module: ir.Module
+    options: FoldOptions
+    rewriter: Rewriter
+    analysis: Analysis
+    ledger: Ledger
+    notes: dict[Handle, Notes] = field(default_factory=dict)
+    # Backward folds round their kernels into one reused buffer (see precision.Arena).
+    arena: precision.Arena = field(default_factory=precision.Arena)
+    _candidates: Candidates | None = None
+
+    def functions(self) -> list[ir.Operation]:
+        """The functions patterns may change: not skipped, not dropped."""
+        return [f for f in functions(self.module)
+                if symbol_name(f) not in self.options.skip_functions
+                and not self.rewriter.is_replaced(f)]
+
+    def candidates(self) -> Candidates:
+        """The producers and affine chains, found in one walk when the FOLD stage starts."""
+        if self._candidates is None:
+            self._candidates = chains.find(self.functions(), self.analysis)
+        return self._candidates
+
+
+def run(ctx: Context, registry: tuple[Entry, ...] = REGISTRY) -> None:
+    """Runs every enabled pattern of `registry` over `ctx.module`, in order."""
+    explained = False
+    for entry in registry:
+        if not explained and entry.stage > Stage.FOLD:
+            chains.explain(ctx, ctx.candidates())
+            explained = True
+        if ctx.options.enabled(entry.name, entry.opt_in):
+            run_pattern(ctx, entry.load())
+    if not explained:
+        chains.explain(ctx, ctx.candidates())
+
+
+def run_pattern(ctx: Context, pattern: Pattern) -> None:
+    """match -> plan -> apply -> record for every root of one pattern, then `finish`."""
+    for root in pattern.roots(ctx):
+        matched = pattern.match(ctx, root)
+        if matched is None:
+            continue
+        if isinstance(matched, Refusal):
+            pattern.refuse(ctx, root, matched)
+            continue
+        planned = pattern.plan(ctx, matched)
+        if planned is None:
+            continue
+        if isinstance(planned, Refusal):
+            pattern.refuse(ctx, matched, planned)
+            continue
+        pattern.record(ctx, planned, pattern.apply(ctx.rewriter, planned))
+    pattern.finish(ctx)

@@ -1,0 +1,720 @@
+"""One law per step: how each op commutes with a per-channel scale and shift.
+
+Forward folding, cross-layer equalization, high-bias absorption and bias
+correction all walk *through* ops between a value and a producer. This table
+is the only place that says what such a walk may cross, and how:
+
+    scale      op(x / s) == op(x) / s for a positive per-channel s, once the
+               constants that meet x are divided by s too -- in the type of
+               the scaled operand they meet (a compare's threshold in x's type,
+               never in its i1 result's type); or a Refusal saying why not
+    shift      op(x + t) == op(x) + t' for a per-channel t: where t' lies
+               (axis) and what it is (t times a per-channel factor); or a Refusal
+    precision  EXACT (no rounding of its own), ROUNDS (in its result type),
+               NARROWS (a narrowing convert: the rounding must stay where it is;
+               nothing may move a shift or scale across it)
+    interval   per channel, [lo, hi] of the result from [lo, hi] of the
+               operands: an equalization scale 1/s < 1 grows the activations
+               and f16 overflows at 65504
+
+An op that is not in `LAWS` stops every walk with a Refusal naming it. When a
+law is added here, the fuzzer's grammar (tests/regiongen.py) must generate the
+op too; tests/test_laws.py checks both, and checks each law numerically.
+
+A walk keeps, per value it has reached, the channel axis (or PREDICATE for a
+comparison's result) and the interval; `Env` is how a law reads them.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from bnfold import attributes, elements, precision
+from bnfold.constants import Const, map_axis_through_reshape, per_channel
+from bnfold.ir import ir
+from bnfold.refusal import Code, Refusal
+
+PREDICATE = -1  # the "axis" of a comparison's i1 result: it only selects
+
+
+class Precision(enum.Enum):
+    EXACT = "exact"
+    ROUNDS = "rounds"
+    NARROWS = "narrows"
+
+
+@dataclass(frozen=True)
+class Interval:
+    """Per channel, every value of the original lies in [lo, hi] (float64, +-inf: unknown)."""
+
+    lo: np.ndarray
+    hi: np.ndarray
+
+    @classmethod
+    def unknown(cls, channels: int) -> Interval:
+        return cls(np.full(channels, -np.inf), np.full(channels, np.inf))
+
+    @classmethod
+    def point(cls, values: np.ndarray) -> Interval:
+        return cls(values.copy(), values.copy())
+
+    def magnitude(self) -> np.ndarray:
+        return np.maximum(np.abs(self.lo), np.abs(self.hi))
+
+    def __or__(self, other: Interval) -> Interval:
+        return Interval(np.minimum(self.lo, other.lo), np.maximum(self.hi, other.hi))
+
+    def times(self, lo: np.ndarray, hi: np.ndarray) -> Interval:
+        """The product with a factor in [lo, hi] per channel (0 * inf counts as 0)."""
+        with np.errstate(invalid="ignore"):
+            corners = np.stack([self.lo * lo, self.lo * hi, self.hi * lo, self.hi * hi])
+        corners = np.nan_to_num(corners, nan=0.0, posinf=np.inf, neginf=-np.inf)
+        return Interval(corners.min(axis=0), corners.max(axis=0))
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Operand `operand` of `op` is a constant that meets a scaled value: it becomes
+    `vector / s` per channel along `axis`, rounded once to the type of `meets`."""
+
+    op: ir.Operation
+    operand: int
+    axis: int
+    vector: np.ndarray  # float64, one value per channel
+    meets: ir.Value  # the scaled value it meets: the new constant takes its type
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """The op commutes with the scale: its result's channel axis, and the constants to divide."""
+
+    axis: int
+    edits: tuple[Edit, ...] = ()
+
+
+@dataclass(frozen=True)
+class Shifted:
+    """A per-channel shift t of the operand reaches the result as `t * factor` on `axis`."""
+
+    axis: int
+    factor: np.ndarray | float = 1.0
+
+
+class Env(Protocol):
+    """What a law may ask about the walk that reached `op`."""
+
+    def axis(self, value: ir.Value) -> int | None:
+        """The channel axis of a value the walk reached (PREDICATE), or None."""
+
+    def interval(self, value: ir.Value) -> Interval:
+        """The interval of a value the walk reached, or of a constant."""
+
+    def constant(self, value: ir.Value) -> Const | None: ...
+
+
+@dataclass(frozen=True)
+class Law:
+    """How one op kind commutes with a per-channel scale and shift (see the module doc)."""
+
+    summary: str
+    scale: Callable[[ir.Operation, Env], Scaled | Refusal]
+    shift: Callable[[ir.Operation, Env], Shifted | Refusal]
+    precision: Callable[[ir.Operation], Precision]
+    interval: Callable[[ir.Operation, Env], Interval]
+
+
+def law_of(op: ir.Operation) -> Law | Refusal:
+    """The law of `op`'s kind, or a refusal naming the op (not homogeneous, or unknown)."""
+    name = op.name
+    found = LAWS.get(name)
+    if found is not None:
+        return found
+    if name in NOT_HOMOGENEOUS:
+        return Refusal(Code.NOT_HOMOGENEOUS,
+                       f"{NOT_HOMOGENEOUS[name]} is not positively homogeneous "
+                       f"(f(x*s) != f(x)*s)")
+    if name == "func.call":
+        return Refusal(Code.NO_LAW, f"{name} @{ir.FlatSymbolRefAttr(op.attributes['callee']).value}"
+                                    " (a private helper is inlined first; this one is not)")
+    return Refusal(Code.NO_LAW, f"no law for {name} (bnfold does not know how it commutes "
+                                f"with a per-channel scale)")
+
+
+# --- helpers ---------------------------------------------------------------------------
+
+
+def _result_type(op: ir.Operation) -> ir.RankedTensorType:
+    return ir.RankedTensorType(op.results[0].type)
+
+
+def _channels(value: ir.Value, axis: int) -> int:
+    return ir.RankedTensorType(value.type).shape[axis]
+
+
+def vector(const: Const, axis: int, channels: int) -> np.ndarray | Refusal:
+    """A constant as one float64 value per channel (a rank-0 constant repeats)."""
+    if len(const.shape) == 0:
+        return np.full(channels, float(np.asarray(const.array).reshape(())), dtype=np.float64)
+    found = per_channel(const, axis)
+    if isinstance(found, Refusal):
+        return Refusal(Code.AXIS, f"a constant that is not per channel: {found.message}")
+    return found
+
+
+def _const_interval(const: Const, axis: int, channels: int) -> Interval:
+    """Per channel min and max of a constant (any shape that broadcasts)."""
+    array = np.broadcast_to(np.asarray(const.array, dtype=np.float64),
+                            tuple(1 if n < 0 else n for n in const.array.shape))
+    if array.ndim == 0:
+        return Interval.point(np.full(channels, float(array)))
+    others = tuple(d for d in range(array.ndim) if d != axis)
+    lo, hi = array.min(axis=others), array.max(axis=others)
+    return Interval(np.broadcast_to(lo, channels).copy(), np.broadcast_to(hi, channels).copy())
+
+
+def _operand_interval(op: ir.Operation, index: int, axis: int, env: Env) -> Interval:
+    value = op.operands[index]
+    if env.axis(value) is not None:
+        return env.interval(value)
+    const = env.constant(value)
+    channels = _channels(op.results[0], axis)
+    if const is None:
+        return Interval.unknown(channels)
+    return _const_interval(const, axis, channels)
+
+
+def _scaled_axis(op: ir.Operation, indices: tuple[int, ...], env: Env) -> int | Refusal:
+    """The one channel axis the scaled operands among `indices` share."""
+    axes = {env.axis(op.operands[i]) for i in indices} - {None}
+    if PREDICATE in axes:
+        return Refusal(Code.NOT_HOMOGENEOUS, f"{_short(op)} reads a comparison result as a value")
+    if len(axes) != 1:
+        return Refusal(Code.AXIS, f"{_short(op)} mixes channels of layer 1's output along "
+                                  "different axes")
+    axis = axes.pop()
+    assert axis is not None
+    return axis
+
+
+def _short(op: ir.Operation) -> str:
+    return op.name.removeprefix("stablehlo.")
+
+
+def _rounds(op: ir.Operation) -> Precision:
+    return Precision.ROUNDS
+
+
+def _exact(op: ir.Operation) -> Precision:
+    return Precision.EXACT
+
+
+def _no_shift(why: str) -> Callable[[ir.Operation, Env], Shifted | Refusal]:
+    def law(op: ir.Operation, env: Env) -> Shifted | Refusal:
+        return Refusal(Code.ROLE, f"a shift does not pass {_short(op)}: {why}")
+    return law
+
+
+def _first_scaled(op: ir.Operation, env: Env) -> int:
+    """The index of the first operand the walk reached."""
+    return next(i for i, v in enumerate(op.operands) if env.axis(v) is not None)
+
+
+# --- elementwise with constants: add subtract maximum minimum clamp compare select ------
+
+
+def _with_constants(op: ir.Operation, indices: tuple[int, ...], env: Env, *,
+                    bounds_only: tuple[int, ...] = ()) -> Scaled | Refusal:
+    """Operands in `indices` are scaled (one axis) or constants, which get divided by s.
+    An operand in `bounds_only` must be a constant (a clamp's bounds)."""
+    axis = _scaled_axis(op, indices, env)
+    if isinstance(axis, Refusal):
+        return axis
+    scaled = next(op.operands[i] for i in indices if env.axis(op.operands[i]) is not None)
+    edits: list[Edit] = []
+    for i in indices:
+        operand = op.operands[i]
+        if env.axis(operand) is not None:
+            if i in bounds_only:
+                return Refusal(Code.NOT_HOMOGENEOUS,
+                               f"{_short(op)} uses layer 1's output as a bound")
+            continue
+        const = env.constant(operand)
+        if const is None:
+            return Refusal(Code.FAN_OUT, f"{_short(op)} meets another branch that is not scaled "
+                                         "with it (a residual add, or a runtime value)")
+        found = vector(const, axis, _channels(scaled, axis))
+        if isinstance(found, Refusal):
+            return found
+        edits.append(Edit(op, i, axis, found, scaled))
+    return Scaled(axis, tuple(edits))
+
+
+def _binary_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
+    return _with_constants(op, (0, 1), env)
+
+
+def _add_shift(op: ir.Operation, env: Env) -> Shifted | Refusal:
+    index = _first_scaled(op, env)
+    if env.axis(op.operands[1 - index]) is not None:
+        return Refusal(Code.ROLE, f"{_short(op)} of two shifted values")
+    negate = op.name == "stablehlo.subtract" and index == 1
+    axis = env.axis(op.operands[index])
+    assert axis is not None
+    return Shifted(axis, -1.0 if negate else 1.0)
+
+
+def _add_interval(op: ir.Operation, env: Env) -> Interval:
+    axis = _axis_of(op, env)
+    a, b = (_operand_interval(op, i, axis, env) for i in (0, 1))
+    if op.name == "stablehlo.subtract":
+        b = Interval(-b.hi, -b.lo)
+    return Interval(a.lo + b.lo, a.hi + b.hi)
+
+
+def _axis_of(op: ir.Operation, env: Env) -> int:
+    axis = env.axis(op.operands[_first_scaled(op, env)])
+    return 0 if axis is None or axis == PREDICATE else axis
+
+
+def _extremum_interval(op: ir.Operation, env: Env) -> Interval:
+    axis = _axis_of(op, env)
+    a, b = (_operand_interval(op, i, axis, env) for i in (0, 1))
+    pick = np.maximum if op.name == "stablehlo.maximum" else np.minimum
+    return Interval(pick(a.lo, b.lo), pick(a.hi, b.hi))
+
+
+def _clamp_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
+    return _with_constants(op, (0, 1, 2), env, bounds_only=(0, 2))
+
+
+def _clamp_interval(op: ir.Operation, env: Env) -> Interval:
+    axis = env.axis(op.operands[1])
+    axis = 0 if axis is None else axis
+    lo, x, hi = (_operand_interval(op, i, axis, env) for i in range(3))
+    return Interval(np.clip(x.lo, lo.lo, hi.hi), np.clip(x.hi, lo.lo, hi.hi))
+
+
+def _compare_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
+    found = _with_constants(op, (0, 1), env)
+    if isinstance(found, Refusal):
+        return found
+    return Scaled(PREDICATE, found.edits)
+
+
+def _compare_interval(op: ir.Operation, env: Env) -> Interval:
+    channels = _channels(op.operands[0], _axis_of(op, env))
+    return Interval(np.zeros(channels), np.ones(channels))
+
+
+def _select_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
+    if env.axis(op.operands[0]) not in (None, PREDICATE):
+        return Refusal(Code.NOT_HOMOGENEOUS, "select by a scaled value")
+    return _with_constants(op, (1, 2), env)
+
+
+def _select_interval(op: ir.Operation, env: Env) -> Interval:
+    axis = env.axis(op.operands[1])
+    axis = env.axis(op.operands[2]) if axis is None else axis
+    axis = 0 if axis is None else axis
+    return _operand_interval(op, 1, axis, env) | _operand_interval(op, 2, axis, env)
+
+
+# --- multiply, divide, negate, abs, convert -------------------------------------------
+
+
+def _by_constant_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
+    """`x * c`, `c * x`, `x / c` commute with s (c is left as is); `x * x`, `c / x` do not."""
+    a, b = (env.axis(v) is not None for v in op.operands)
+    name = _short(op)
+    if a and b:
+        return Refusal(Code.NOT_HOMOGENEOUS, f"{name} of two scaled values is not homogeneous")
+    if b and op.name == "stablehlo.divide":
+        return Refusal(Code.NOT_HOMOGENEOUS, "c / x is not homogeneous")
+    index = 0 if a else 1
+    axis = env.axis(op.operands[index])
+    if axis == PREDICATE:
+        return Refusal(Code.NOT_HOMOGENEOUS, f"{name} reads a comparison result as a value")
+    if env.constant(op.operands[1 - index]) is None:
+        return Refusal(Code.NOT_CONSTANT, f"{name} by a value that is not constant "
+                                          "(a gate computed at run time)")
+    assert axis is not None
+    return Scaled(axis)
+
+
+def _factor(op: ir.Operation, env: Env) -> Interval | Refusal:
+    """The per-channel interval of the constant factor of a multiply or divide."""
+    index = _first_scaled(op, env)
+    axis = _axis_of(op, env)
+    const = env.constant(op.operands[1 - index])
+    if const is None:
+        return Refusal(Code.NOT_CONSTANT, "not a constant factor")
+    found = _const_interval(const, axis, _channels(op.results[0], axis))
+    if op.name == "stablehlo.divide":
+        if np.any((found.lo <= 0) & (found.hi >= 0)):
+            return Interval.unknown(found.lo.size)
+        return Interval(1.0 / found.hi, 1.0 / found.lo)
+    return found
+
+
+def _by_constant_shift(op: ir.Operation, env: Env) -> Shifted | Refusal:
+    index = _first_scaled(op, env)
+    axis = env.axis(op.operands[index])
+    const = env.constant(op.operands[1 - index])
+    if const is None or axis is None:
+        return Refusal(Code.NOT_CONSTANT, f"{_short(op)} by a value that is not constant")
+    found = vector(const, axis, _channels(op.results[0], axis))
+    if isinstance(found, Refusal):
+        return Refusal(Code.ROLE, f"a shift does not pass {_short(op)} by a constant that is not "
+                                  "per channel")
+    if op.name == "stablehlo.divide":
+        if np.any(found == 0):
+            return Refusal(Code.ROLE, "division by zero")
+        return Shifted(axis, 1.0 / found)
+    return Shifted(axis, found)
+
+
+def _by_constant_interval(op: ir.Operation, env: Env) -> Interval:
+    x = env.interval(op.operands[_first_scaled(op, env)])
+    factor = _factor(op, env)
+    if isinstance(factor, Refusal):
+        return Interval.unknown(x.lo.size)
+    return x.times(factor.lo, factor.hi)
+
+
+def _unary_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
+    axis = env.axis(op.operands[0])
+    assert axis is not None
+    if axis == PREDICATE:
+        return Refusal(Code.NOT_HOMOGENEOUS, f"{_short(op)} of a comparison result")
+    if op.name == "stablehlo.convert" and not _float_convert(op):
+        return Refusal(Code.NOT_HOMOGENEOUS, "a convert to or from an integer type")
+    return Scaled(axis)
+
+
+def _float_convert(op: ir.Operation) -> bool:
+    return all(elements.is_float(ir.RankedTensorType(v.type).element_type)
+               for v in (op.operands[0], op.results[0]))
+
+
+def _negate_shift(op: ir.Operation, env: Env) -> Shifted | Refusal:
+    axis = env.axis(op.operands[0])
+    assert axis is not None
+    return Shifted(axis, -1.0)
+
+
+def _same_shift(op: ir.Operation, env: Env) -> Shifted | Refusal:
+    axis = env.axis(op.operands[0])
+    assert axis is not None
+    if op.name == "stablehlo.convert" and not _float_convert(op):
+        return Refusal(Code.ROLE, "a shift does not pass a convert to an integer type")
+    return Shifted(axis)
+
+
+def _negate_interval(op: ir.Operation, env: Env) -> Interval:
+    x = env.interval(op.operands[0])
+    return Interval(-x.hi, -x.lo)
+
+
+def _abs_interval(op: ir.Operation, env: Env) -> Interval:
+    x = env.interval(op.operands[0])
+    straddles = (x.lo < 0) & (x.hi > 0)
+    lo = np.where(straddles, 0.0, np.minimum(np.abs(x.lo), np.abs(x.hi)))
+    return Interval(lo, x.magnitude())
+
+
+def _same_interval(op: ir.Operation, env: Env) -> Interval:
+    return env.interval(op.operands[0])
+
+
+def _convert_precision(op: ir.Operation) -> Precision:
+    if not _float_convert(op):
+        return Precision.ROUNDS
+    source, target = (elements.numpy_dtype(ir.RankedTensorType(v.type).element_type)
+                      for v in (op.operands[0], op.results[0]))
+    if source is None or target is None:
+        return Precision.ROUNDS
+    if precision.significand_bits(target) < precision.significand_bits(source) or \
+            precision.largest(target) < precision.largest(source):
+        return Precision.NARROWS
+    return Precision.EXACT
+
+
+# --- layout: reshape transpose broadcast_in_dim pad ----------------------------------------
+
+
+def _layout_axis(op: ir.Operation, axis: int) -> int | Refusal:
+    before = elements.ranked_type(op.operands[0])
+    after = elements.ranked_type(op.results[0])
+    name = _short(op)
+    if before is None or after is None or not (before.has_static_shape and after.has_static_shape):
+        return Refusal(Code.SYMBOLIC, f"{name} with a dynamic shape")
+    if op.name == "stablehlo.reshape":
+        moved = map_axis_through_reshape(tuple(before.shape), tuple(after.shape), axis)
+        if moved is None:
+            return Refusal(Code.AXIS, "a reshape merges or splits the channel axis")
+        return moved
+    if op.name == "stablehlo.transpose":
+        return attributes.permutation(op).index(axis)
+    dims = list(ir.DenseI64ArrayAttr(op.attributes["broadcast_dimensions"]))
+    if after.shape[dims[axis]] != before.shape[axis]:
+        return Refusal(Code.AXIS, "a broadcast expands the channel axis")
+    return dims[axis]
+
+
+def _layout_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
+    axis = env.axis(op.operands[0])
+    assert axis is not None
+    if axis == PREDICATE:
+        return Scaled(PREDICATE) if op.name != "stablehlo.broadcast_in_dim" else \
+            Refusal(Code.NOT_HOMOGENEOUS, "a broadcast of a comparison result")
+    moved = _layout_axis(op, axis)
+    return moved if isinstance(moved, Refusal) else Scaled(moved)
+
+
+def _layout_shift(op: ir.Operation, env: Env) -> Shifted | Refusal:
+    axis = env.axis(op.operands[0])
+    assert axis is not None
+    moved = _layout_axis(op, axis)
+    return moved if isinstance(moved, Refusal) else Shifted(moved)
+
+
+def _pad_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
+    axis = env.axis(op.operands[0])
+    assert axis is not None
+    if env.axis(op.operands[1]) is not None:
+        return Refusal(Code.NOT_HOMOGENEOUS, "pads with a scaled value")
+    value = env.constant(op.operands[1])
+    if value is None or not _zero_or_infinite(value.array):
+        return Refusal(Code.NOT_HOMOGENEOUS, "pads with a value other than zero (or an infinity): "
+                                             "v / s != v")
+    if _pads_axis(op, axis):
+        return Refusal(Code.AXIS, "pads the channel axis")
+    return Scaled(axis)
+
+
+def _pads_axis(op: ir.Operation, axis: int) -> bool:
+    rank = ir.RankedTensorType(op.operands[0].type).rank
+    return any(attributes.ints(op, name, default=0, rank=rank)[axis] != 0
+               for name in ("edge_padding_low", "edge_padding_high", "interior_padding"))
+
+
+def _pad_interval(op: ir.Operation, env: Env) -> Interval:
+    x = env.interval(op.operands[0])
+    const = env.constant(op.operands[1])
+    if const is None:
+        return Interval.unknown(x.lo.size)
+    value = float(np.asarray(const.array, dtype=np.float64).reshape(-1)[0])
+    return x | Interval.point(np.full(x.lo.size, value))
+
+
+def _zero_or_infinite(array: np.ndarray) -> bool:
+    values = np.asarray(array, dtype=np.float64)
+    return bool(np.all((values == 0) | np.isinf(values)))
+
+
+# --- pooling: reduce_window and reduce -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Pool:
+    """A reduce_window or reduce over non-channel axes, as the laws need it."""
+
+    kind: str  # "add", "maximum" or "minimum"
+    init: float
+    taps: int  # window (or reduced) elements
+    padded: bool  # some windows read padding or base-dilation holes (the init value)
+    empty_windows: bool  # some window reads nothing but padding
+
+
+def pool(op: ir.Operation, axis: int, env: Env) -> Pool | Refusal:
+    """The pooling `op` is, along every axis but `axis` (the channels), or why not."""
+    name = _short(op)
+    if len(op.operands) != 2 or len(op.results) != 1:
+        return Refusal(Code.NO_LAW, f"{name} over several values")
+    body = list(op.regions[0].blocks[0].operations)
+    arguments = list(op.regions[0].blocks[0].arguments)
+    if len(body) != 2 or body[0].name not in ("stablehlo.add", "stablehlo.maximum",
+                                               "stablehlo.minimum") or \
+            set(body[0].operands) != set(arguments) or body[1].operands[0] != body[0].results[0]:
+        return Refusal(Code.NO_LAW, f"{name} with a body other than add, maximum or minimum of "
+                                    "its arguments")
+    kind = body[0].name.removeprefix("stablehlo.")
+    init = env.constant(op.operands[1])
+    neutral = {"add": (0.0,), "maximum": (-np.inf, 0.0), "minimum": (np.inf, 0.0)}[kind]
+    if init is None or np.asarray(init.array).size != 1 or \
+            float(np.asarray(init.array, dtype=np.float64).reshape(())) not in neutral:
+        return Refusal(Code.NOT_HOMOGENEOUS, f"{name} ({kind}) with an init value that is not "
+                                             f"{' or '.join(str(v) for v in neutral)}")
+    value = float(np.asarray(init.array, dtype=np.float64).reshape(()))
+    shape = ir.RankedTensorType(op.operands[0].type).shape
+    rank = len(shape)
+    if op.name == "stablehlo.reduce":
+        dims = attributes.ints(op, "dimensions", default=0, rank=0)
+        if axis in dims:
+            return Refusal(Code.AXIS, "reduces over the channel axis")
+        return Pool(kind, value, math.prod(shape[d] for d in dims), False, False)
+    window = attributes.ints(op, "window_dimensions", default=1, rank=rank)
+    per_axis = {name: attributes.ints(op, name, default=1, rank=rank)
+                for name in ("window_strides", "base_dilations", "window_dilations")}
+    pads = attributes.padding(op, rank)
+    if window[axis] != 1 or any(v[axis] != 1 for v in per_axis.values()) or \
+            np.any(pads[axis] != 0):
+        return Refusal(Code.AXIS, "pools across channels (its window, stride, dilation or "
+                                  "padding touches the channel axis)")
+    padded = bool(np.any(pads > 0)) or any(d != 1 for d in per_axis["base_dilations"])
+    empty = padded and _has_empty_windows(shape, window, per_axis, pads)
+    return Pool(kind, value, math.prod(window), padded, empty)
+
+
+def _has_empty_windows(shape: list[int], window: tuple[int, ...], per_axis: dict[str, tuple[int, ...]],
+                       pads: np.ndarray) -> bool:
+    """Whether some output window reads only padding or base-dilation holes."""
+    for d, size in enumerate(shape):
+        base = per_axis["base_dilations"][d]
+        dilated = (size - 1) * base + 1
+        padded = dilated + int(pads[d][0]) + int(pads[d][1])
+        span = (window[d] - 1) * per_axis["window_dilations"][d] + 1
+        count = (padded - span) // per_axis["window_strides"][d] + 1 if padded >= span else 0
+        for o in range(max(count, 0)):
+            taps = [o * per_axis["window_strides"][d] + k * per_axis["window_dilations"][d]
+                    - int(pads[d][0]) for k in range(window[d])]
+            if not any(0 <= q < dilated and q % base == 0 for q in taps):
+                return True
+    return False
+
+
+def _pool_axis(op: ir.Operation, axis: int) -> int:
+    if op.name == "stablehlo.reduce":
+        dims = attributes.ints(op, "dimensions", default=0, rank=0)
+        return axis - sum(1 for d in dims if d < axis)
+    return axis
+
+
+def _pool_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
+    axis = env.axis(op.operands[0])
+    assert axis is not None
+    if env.axis(op.operands[1]) is not None:
+        return Refusal(Code.NOT_HOMOGENEOUS, f"{_short(op)} with a scaled init value")
+    found = pool(op, axis, env)
+    if isinstance(found, Refusal):
+        return found
+    return Scaled(_pool_axis(op, axis))
+
+
+def _pool_shift(op: ir.Operation, env: Env) -> Shifted | Refusal:
+    axis = env.axis(op.operands[0])
+    assert axis is not None
+    found = pool(op, axis, env)
+    if isinstance(found, Refusal):
+        return found
+    out = _pool_axis(op, axis)
+    if found.kind == "add":
+        if found.padded:
+            return Refusal(Code.PADDING, "a shift does not pass a sum pool that reads padding "
+                                         "(border windows count fewer taps)")
+        return Shifted(out, float(found.taps))
+    if found.init not in (-np.inf, np.inf) or found.empty_windows:
+        return Refusal(Code.ROLE, "a shift does not pass a max/min pool whose init value or "
+                                  "empty windows are not shifted with it")
+    return Shifted(out)
+
+
+def _pool_interval(op: ir.Operation, env: Env) -> Interval:
+    x = env.interval(op.operands[0])
+    axis = env.axis(op.operands[0])
+    found = pool(op, 0 if axis is None else axis, env)
+    if isinstance(found, Refusal):
+        return Interval.unknown(x.lo.size)
+    if found.kind == "add":
+        lo, hi = x.lo * found.taps, x.hi * found.taps
+        if found.padded:  # border windows sum fewer values (zeros for the rest)
+            lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
+        return Interval(lo, hi)
+    if found.empty_windows or found.init == 0.0:
+        return x | Interval.point(np.full(x.lo.size, found.init))
+    return x
+
+
+def _pool_precision(op: ir.Operation) -> Precision:
+    body = list(op.regions[0].blocks[0].operations)
+    return Precision.ROUNDS if body and body[0].name == "stablehlo.add" else Precision.EXACT
+
+
+# --- the table ------------------------------------------------------------------------------
+
+
+def _law(summary: str, scale: Callable[[ir.Operation, Env], Scaled | Refusal],
+         shift: Callable[[ir.Operation, Env], Shifted | Refusal],
+         precision: Callable[[ir.Operation], Precision],
+         interval: Callable[[ir.Operation, Env], Interval]) -> Law:
+    return Law(summary, scale, shift, precision, interval)
+
+
+_ACTIVATION_SHIFT = _no_shift("it is the activation (high-bias absorption's own role)")
+
+LAWS: dict[str, Law] = {
+    "stablehlo.add": _law("x/s + c/s = (x + c)/s; a shift passes", _binary_scale, _add_shift,
+                          _rounds, _add_interval),
+    "stablehlo.subtract": _law("x/s - c/s = (x - c)/s; a shift passes (negated in c - x)",
+                               _binary_scale, _add_shift, _rounds, _add_interval),
+    "stablehlo.maximum": _law("max(x/s, c/s) = max(x, c)/s (ReLU); no shift", _binary_scale,
+                              _ACTIVATION_SHIFT, _exact, _extremum_interval),
+    "stablehlo.minimum": _law("min(x/s, c/s) = min(x, c)/s; no shift", _binary_scale,
+                              _ACTIVATION_SHIFT, _exact, _extremum_interval),
+    "stablehlo.clamp": _law("clamp(lo/s, x/s, hi/s) = clamp(lo, x, hi)/s (ReLU6 becomes a "
+                            "per-channel clamp); no shift", _clamp_scale, _ACTIVATION_SHIFT,
+                            _exact, _clamp_interval),
+    "stablehlo.compare": _law("compare(x/s, c/s) = compare(x, c), c divided in x's type "
+                              "(never the i1 result's); no shift", _compare_scale,
+                              _no_shift("a comparison is not shift-invariant"), _exact,
+                              _compare_interval),
+    "stablehlo.select": _law("select(p, x/s, c/s) = select(p, x, c)/s (leaky ReLU, thresholds); "
+                             "no shift", _select_scale, _no_shift("a select is an activation"),
+                             _exact, _select_interval),
+    "stablehlo.multiply": _law("(x/s) * c = (x * c)/s; a shift t becomes t * c (c per channel)",
+                               _by_constant_scale, _by_constant_shift, _rounds,
+                               _by_constant_interval),
+    "stablehlo.divide": _law("(x/s) / c = (x / c)/s (not c / x); a shift t becomes t / c",
+                             _by_constant_scale, _by_constant_shift, _rounds,
+                             _by_constant_interval),
+    "stablehlo.negate": _law("-(x/s) = (-x)/s; a shift is negated", _unary_scale, _negate_shift,
+                             _exact, _negate_interval),
+    "stablehlo.abs": _law("|x/s| = |x|/s for s > 0; no shift", _unary_scale,
+                          _no_shift("|x + t| != |x| + t"), _exact, _abs_interval),
+    "stablehlo.convert": _law("convert(x/s) = convert(x)/s (float to float); a narrowing "
+                              "convert rounds where it stands", _unary_scale, _same_shift,
+                              _convert_precision, _same_interval),
+    "stablehlo.reshape": _law("moves the channel axis if it stays whole", _layout_scale,
+                              _layout_shift, _exact, _same_interval),
+    "stablehlo.transpose": _law("moves the channel axis", _layout_scale, _layout_shift, _exact,
+                                _same_interval),
+    "stablehlo.broadcast_in_dim": _law("moves the channel axis unless it expands it",
+                                       _layout_scale, _layout_shift, _exact, _same_interval),
+    "stablehlo.pad": _law("pad(x/s, v) = pad(x, v)/s for v in {0, +-inf}, not on channels; "
+                          "no shift (padding stays 0)", _pad_scale,
+                          _no_shift("the padding would not be shifted"), _exact, _pad_interval),
+    "stablehlo.reduce_window": _law("sum/max/min pooling not across channels, neutral init; a "
+                                    "shift passes a max pool, and a sum pool without padding "
+                                    "times its window", _pool_scale, _pool_shift,
+                                    _pool_precision, _pool_interval),
+    "stablehlo.reduce": _law("sum/max/min over non-channel axes, neutral init; a shift passes "
+                             "(times the reduced size for a sum)", _pool_scale, _pool_shift,
+                             _pool_precision, _pool_interval),
+}
+
+# Ops that are not positively homogeneous: a walk stops at them with this name.
+NOT_HOMOGENEOUS = {
+    "stablehlo.logistic": "sigmoid", "stablehlo.tanh": "tanh", "stablehlo.exponential": "exp",
+    "stablehlo.log": "log", "stablehlo.sqrt": "sqrt", "stablehlo.rsqrt": "rsqrt",
+    "stablehlo.power": "power", "stablehlo.erf": "erf (gelu)", "chlo.erf": "erf (gelu)",
+    "stablehlo.sine": "sin", "stablehlo.cosine": "cos", "stablehlo.exponential_minus_one": "expm1",
+    "stablehlo.log_plus_one": "log1p", "stablehlo.cbrt": "cbrt", "stablehlo.floor": "floor",
+    "stablehlo.ceil": "ceil", "stablehlo.round_nearest_even": "round",
+    "stablehlo.round_nearest_afz": "round", "stablehlo.sign": "sign",
+}

@@ -1,0 +1,77 @@
+"""The pattern interface every rewrite follows (MLIR's match/rewrite split, with the plan
+as a value, as ONNX Runtime's SatisfyCondition/Apply):
+
+    roots(ctx)          where to look, in program order (re-read as the IR changes)
+    match(ctx, root)    pure: a Match, a Refusal (with a code), or None (not its business)
+    plan(ctx, match)    pure, float64: a Plan (new constants, checked by the precision
+                        contract), a Refusal, or None
+    apply(rw, plan)     creates ops and replaces its root through the rewriter; returns
+                        what `record` needs (nothing else changes the IR)
+    record(ctx, p, a)   writes the pattern's own report record into the ledger
+    refuse(ctx, s, r)   notes a refusal of subject `s` (a root or a match) for the report
+    finish(ctx)         after the last root (e.g. drop helpers nothing calls any more)
+    wants_inline(ctx, call)
+                        whether the pattern needs to see through this call of a private
+                        helper (inline-calls asks every enabled pattern before it runs)
+
+`match` and `plan` read the IR and the analysis only; a test runs every pattern
+with the IR frozen around them (tests/test_rules.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+
+from bnfold.ir import ir
+from bnfold.refusal import Refusal
+
+if TYPE_CHECKING:
+    from bnfold.driver import Context
+    from bnfold.rewriter import Rewriter
+
+Root = TypeVar("Root")
+M = TypeVar("M")
+P = TypeVar("P")
+
+
+class Stage(enum.IntEnum):
+    """When a pattern runs; every normalization gets its decision at the end of FOLD."""
+
+    PREPARE = 0  # inline-calls
+    FOLD = 1  # backward-affine, forward-affine
+    LOWER = 2  # expand-batch-norm
+    QUANTIZE = 3  # equalize, absorb-high-bias
+
+
+class Pattern(Generic[Root, M, P]):
+    """Base of every pattern: pure match and plan, apply through the rewriter."""
+
+    NAME: ClassVar[str]
+    STAGE: ClassVar[Stage]
+
+    def roots(self, ctx: Context) -> Iterable[Root]:
+        raise NotImplementedError
+
+    def match(self, ctx: Context, root: Root) -> M | Refusal | None:
+        raise NotImplementedError
+
+    def plan(self, ctx: Context, match: M) -> P | Refusal | None:
+        raise NotImplementedError
+
+    def apply(self, rewriter: Rewriter, plan: P) -> Any:
+        raise NotImplementedError
+
+    def record(self, ctx: Context, plan: P, applied: Any) -> None:
+        """Writes what `apply` did to the ledger (nothing by default)."""
+
+    def refuse(self, ctx: Context, subject: Root | M, refusal: Refusal) -> None:
+        """Notes why `subject` was not rewritten (dropped by default: not its business)."""
+
+    def finish(self, ctx: Context) -> None:
+        """Runs after the last root."""
+
+    def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
+        """Whether this pattern needs to see through `call` (inline-calls asks)."""
+        return False

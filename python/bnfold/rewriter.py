@@ -1,0 +1,252 @@
+"""The one mutation path: every change to the IR goes through a `Rewriter`.
+
+MLIR reuses a freed operation's address for the next operation it creates
+(nearly always, for an op of the same kind), and Python's wrappers of an
+operation and of a value hash by that address. A map keyed by an op, a value
+or an address that outlives an erase can therefore hand a stale answer to
+the newcomer. bnfold avoids that with three rules, all enforced here:
+
+* Ops are identified by a `Handle` (`Rewriter.handle`): a number that is
+  never reused. Reports, overlays and statistics are keyed by handles.
+* Replacing an op (`replace_op`) redirects its uses and *defers* its erase
+  until `finish`, when no pattern runs any more: while patterns run nothing
+  is freed, so no address is reused and no wrapper dangles. The replaced op
+  is a tombstone: dead for liveness, gone for the walks.
+* Listeners (the evaluator, the analysis caches, the ledger) are told of
+  every replacement and every erase, as MLIR's `RewriterBase::Listener` is.
+
+A pattern's `apply` creates ops at an insertion point (building is not a
+change: nothing existing sees it), then replaces its root:
+
+    with ir.InsertionPoint(op):
+        new = rewriter.clone(op, {1: kernel})        # a copy with a new kernel operand
+    rewriter.replace_op(op, [new.results[0]], successor=new)
+
+`finish` erases the tombstones and the ops left dead in the functions that
+changed, notifying the listeners of each erase.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import NewType, Protocol
+
+from bnfold.graph import callee_name, function_name, functions, is_private, is_pure, symbol_name
+from bnfold.ir import ir, op_id
+
+Handle = NewType("Handle", int)
+
+
+class Listener(Protocol):
+    """Told of every change a `Rewriter` makes (MLIR's rewriter listener model)."""
+
+    def on_replace(self, old: Handle, successor: Handle | None) -> None:
+        """`old`'s results now read from elsewhere; `successor` computes the same thing."""
+
+    def on_erase(self, op: ir.Operation) -> None:
+        """`op` is about to be erased (called for nested ops too, innermost first)."""
+
+    def on_change(self) -> None:
+        """Uses changed somewhere: drop anything derived from them."""
+
+
+class Handles:
+    """Stable identities for operations; an erased op's handle is never given out again."""
+
+    def __init__(self) -> None:
+        self._by_address: dict[int, Handle] = {}
+        self._count = 0
+
+    def of(self, op: ir.Operation | ir.OpView) -> Handle:
+        """The op's handle (a new one the first time the op is seen)."""
+        address = op_id(op)
+        handle = self._by_address.get(address)
+        if handle is None:
+            handle = self._by_address[address] = Handle(self._count)
+            self._count += 1
+        return handle
+
+    def get(self, op: ir.Operation | ir.OpView) -> Handle | None:
+        """The op's handle if it has one."""
+        return self._by_address.get(op_id(op))
+
+    def forget(self, op: ir.Operation) -> None:
+        self._by_address.pop(op_id(op), None)
+
+
+class Rewriter:
+    """Replaces, erases and clones operations, and tells the listeners."""
+
+    def __init__(self) -> None:
+        self.handles = Handles()
+        self._listeners: list[Listener] = []
+        self._tombstones: dict[Handle, ir.Operation] = {}
+        self._successors: dict[Handle, ir.Operation] = {}
+        self.changed_functions: set[str] = set()
+
+    # -- identity -------------------------------------------------------------
+
+    def listen(self, listener: Listener) -> None:
+        self._listeners.append(listener)
+
+    def handle(self, op: ir.Operation | ir.OpView) -> Handle:
+        return self.handles.of(op)
+
+    def is_replaced(self, op: ir.Operation) -> bool:
+        handle = self.handles.get(op)
+        return handle is not None and handle in self._tombstones
+
+    def current(self, op: ir.Operation) -> ir.Operation:
+        """The op that now computes what `op` computed (itself unless replaced)."""
+        handle = self.handles.get(op)
+        while handle is not None and handle in self._successors:
+            op = self._successors[handle]
+            handle = self.handles.get(op)
+        return op
+
+    # -- building -------------------------------------------------------------
+
+    @staticmethod
+    def clone(op: ir.Operation, operands: dict[int, ir.Value] | None = None) -> ir.Operation:
+        """A copy of `op` right before it (regions included), with some operands replaced.
+
+        The copy is new, so setting its operands changes nothing that exists."""
+        copy = op.clone(ip=ir.InsertionPoint(op)).operation
+        for index, value in (operands or {}).items():
+            copy.operands[index] = value
+        return copy
+
+    # -- changing -------------------------------------------------------------
+
+    def replace_op(self, op: ir.Operation, values: Sequence[ir.Value], *,
+                   successor: ir.Operation | None = None) -> None:
+        """Every use of `op`'s results reads `values` instead; `op` is erased at `finish`.
+
+        `successor` is the op that now computes what `op` computed (a folded
+        producer, an equalized copy): records about `op` move to it."""
+        if len(values) != len(op.results):
+            raise ValueError(f"{op.name} has {len(op.results)} results, got {len(values)} values")
+        for result, value in zip(op.results, values, strict=True):
+            if result != value:
+                result.replace_all_uses_with(value)
+        handle = self.handle(op)
+        self._tombstones[handle] = op
+        if successor is not None:
+            self._successors[handle] = successor
+        name = function_name(op)
+        if name:
+            self.changed_functions.add(name)
+        after = self.handle(successor) if successor is not None else None
+        for listener in self._listeners:
+            listener.on_replace(handle, after)
+            listener.on_change()
+
+    def supersede(self, old: ir.Operation, new: ir.Operation) -> None:
+        """`new` takes over `old`'s role (a folded producer: its records move to `new`);
+        `old` keeps its uses, all dead, and goes with the cleanup."""
+        handle, after = self.handle(old), self.handle(new)
+        self._successors[handle] = new
+        for listener in self._listeners:
+            listener.on_replace(handle, after)
+
+    def replace_uses(self, value: ir.Value, new: ir.Value, *, function: str = "") -> None:
+        """Every use of `value` reads `new` instead (a block argument bound to a constant)."""
+        value.replace_all_uses_with(new)
+        if function:
+            self.changed_functions.add(function)
+        for listener in self._listeners:
+            listener.on_change()
+
+    def drop_function(self, func: ir.Operation) -> None:
+        """Marks a private function that nothing calls any more for erasure at `finish`."""
+        self._tombstones[self.handle(func)] = func
+        for listener in self._listeners:
+            listener.on_change()
+
+    def erase(self, op: ir.Operation) -> None:
+        """Erases `op` (which must be unused) now, telling the listeners first."""
+        nested: list[ir.Operation] = []
+
+        def visit(inner: ir.Operation) -> ir.WalkResult:
+            nested.append(inner.operation)
+            return ir.WalkResult.ADVANCE
+
+        op.walk(visit, ir.WalkOrder.POST_ORDER)  # innermost first, `op` itself last
+        for inner in nested:
+            for listener in self._listeners:
+                listener.on_erase(inner)
+            self.handles.forget(inner)
+        op.erase()
+
+    # -- the end of a run -------------------------------------------------------
+
+    def finish(self, module: ir.Module, *, remove_dead: bool = True) -> None:
+        """Erases, in the functions that changed, every replaced op and every op left
+        dead (side-effect free with unused results, and calls of side-effect free
+        private functions); then the private functions nothing calls any more that
+        were dropped. Functions without a change stay as they were. Each block is
+        swept backwards, so users go before what they read. Without `remove_dead`
+        (debugging) nothing is erased: replaced ops stay, unused."""
+        if not remove_dead:
+            self._tombstones.clear()
+            self._successors.clear()
+            return
+        tombstones = set(self._tombstones)
+        pure_callees = _pure_functions(module)
+        dropped: list[ir.Operation] = []
+        for func in list(functions(module)):
+            if self.handles.get(func) in tombstones:
+                dropped.append(func)
+            elif symbol_name(func) in self.changed_functions:
+                for block in _blocks_innermost_first(func):
+                    for view in reversed(list(block.operations)):
+                        op = view.operation
+                        if _unused(op) and (self.handles.get(op) in tombstones or is_pure(op) or (
+                                op.name == "func.call" and callee_name(op) in pure_callees)):
+                            self.erase(op)
+        for func in dropped:
+            self.erase(func)
+        self._tombstones.clear()
+        self._successors.clear()
+        for listener in self._listeners:
+            listener.on_change()
+
+
+def _unused(op: ir.Operation) -> bool:
+    return not any(True for result in op.results for _ in result.uses)
+
+
+def _blocks_innermost_first(op: ir.Operation) -> list[ir.Block]:
+    """Every block nested in `op`, a region's blocks after the blocks nested in them."""
+    found: list[ir.Block] = []
+    for region in op.regions:
+        for block in region.blocks:
+            for inner in block.operations:
+                found += _blocks_innermost_first(inner.operation)
+            found.append(block)
+    return found
+
+
+def _pure_functions(module: ir.Module) -> set[str]:
+    """Private single-block functions whose bodies only compute (calls of such included)."""
+    bodies: dict[str, list[ir.Operation]] = {}
+    for func in functions(module):
+        if is_private(func) and len(func.regions[0].blocks) == 1:
+            bodies[symbol_name(func)] = [o.operation for o in func.regions[0].blocks[0].operations]
+    pure: set[str] = set()
+    grew = True
+    while grew:
+        grew = False
+        for name, ops in bodies.items():
+            if name not in pure and all(_computes(o, pure) for o in ops):
+                pure.add(name)
+                grew = True
+    return pure
+
+
+def _computes(op: ir.Operation, pure: Iterable[str]) -> bool:
+    if op.name == "func.return":
+        return True
+    if op.name == "func.call":
+        return callee_name(op) in pure
+    return is_pure(op) and not op.regions
