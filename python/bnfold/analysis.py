@@ -10,22 +10,19 @@ result has no other *live* user. A user that is dead code is removed by the
 cleanup, so counting it would make a second run fold more than the first
 (`fold(fold(m))` must equal `fold(m)`).
 
-`Analysis` listens to the `Rewriter`: an erase drops what was cached for the
-erased op's values (their addresses are reused at once), and any change of
-uses drops the liveness cache. This is the only place these facts live.
+`Analysis` listens to the `Rewriter`: any change of uses drops the liveness
+cache, and the end of the run (before anything is erased: MLIR reuses an
+erased op's address at once) drops everything. This is the only place these
+facts live.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from bnfold.affine import STEP_NAMES, Step, as_step
 from bnfold.constants import Const, Evaluator
 from bnfold.graph import as_operation, is_pure, users
 from bnfold.ir import ir, op_id
 from bnfold.rewriter import Handle, Rewriter
-
-if TYPE_CHECKING:
-    from bnfold.affine import Step
 
 _MAX_DEAD_DEPTH = 64
 
@@ -48,8 +45,6 @@ class Analysis:
 
     def step(self, op: ir.Operation) -> Step | None:
         """`op` as a chain step (activation operand + constants), or None."""
-        from bnfold.affine import STEP_NAMES, as_step
-
         if op.name not in STEP_NAMES or len(op.results) != 1:
             return None
         key = op.results[0]
@@ -94,10 +89,10 @@ class Analysis:
     def on_replace(self, old: Handle, successor: Handle | None) -> None:
         pass
 
-    def on_erase(self, op: ir.Operation) -> None:
-        for result in op.results:
-            self._steps.pop(result, None)
-        self.evaluator.forget(op)
-
     def on_change(self) -> None:
         self._dead.clear()
+
+    def on_finish(self) -> None:
+        self._steps.clear()
+        self._dead.clear()
+        self.evaluator = Evaluator(self.module)  # a fresh, empty one

@@ -61,8 +61,9 @@ class Evaluator:
     """Memoizing evaluator over the values of one module.
 
     Create one per pass run: results are cached per `ir.Value`, which hashes
-    by address, so the rewriter tells it (`forget`) before any op is erased:
-    the next op MLIR creates would otherwise inherit the erased value's entry.
+    by address, so it must not outlive an erase (the next op MLIR creates would
+    inherit the erased value's entry): `bnfold.analysis.Analysis` drops it when
+    the rewriter ends the run.
     """
 
     def __init__(self, module: ir.Module, *, bindings: dict[ir.Value, Const] | None = None,
@@ -114,13 +115,6 @@ class Evaluator:
     def constant(self, value: ir.Value) -> Const | None:
         result = self.evaluate(value)
         return result if isinstance(result, Const) else None
-
-    def forget(self, op: ir.Operation) -> None:
-        """Drops what is known about `op`'s results (it is about to be erased)."""
-        for result in op.results:
-            self._memo.pop(result, None)
-        if op.name == "func.func":
-            self._functions = None
 
     # -- one op ---------------------------------------------------------------
 

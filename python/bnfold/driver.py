@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from bnfold import chains, precision
 from bnfold.analysis import Analysis
 from bnfold.chains import Candidates, Notes
-from bnfold.graph import functions, symbol_name
+from bnfold.graph import callee_name, functions, symbol_name, symbol_table
 from bnfold.ir import ir
 from bnfold.ledger import Ledger
 from bnfold.options import FoldOptions
@@ -43,12 +43,39 @@ class Context:
     # Backward folds round their kernels into one reused buffer (see precision.Arena).
     arena: precision.Arena = field(default_factory=precision.Arena)
     _candidates: Candidates | None = None
+    _symbols: dict[str, ir.Operation] | None = None
+    _bodies: dict[str, frozenset[str]] = field(default_factory=dict)
 
     def functions(self) -> list[ir.Operation]:
         """The functions patterns may change: not skipped, not dropped."""
         return [f for f in functions(self.module)
                 if symbol_name(f) not in self.options.skip_functions
                 and not self.rewriter.is_replaced(f)]
+
+    def callee(self, call: ir.Operation) -> ir.Operation | None:
+        """The function a `func.call` calls (functions are only ever dropped, never added)."""
+        if self._symbols is None:
+            self._symbols = symbol_table(self.module)
+        return self._symbols.get(callee_name(call))
+
+    def body_ops(self, func: ir.Operation) -> frozenset[str]:
+        """The op names in a function's body (nested regions included), once per function."""
+        name = symbol_name(func)
+        if name not in self._bodies:
+            found: set[str] = set()
+
+            def visit(op: ir.Operation) -> ir.WalkResult:
+                found.add(op.operation.name)
+                return ir.WalkResult.ADVANCE
+
+            func.walk(visit)
+            self._bodies[name] = frozenset(found)
+        return self._bodies[name]
+
+    def patterns(self, after: Stage = Stage.PREPARE) -> list[Pattern]:
+        """The enabled patterns of stages after `after`, loaded (in registry order)."""
+        return [entry.load() for entry in REGISTRY
+                if entry.stage > after and self.options.enabled(entry.name, entry.opt_in)]
 
     def candidates(self) -> Candidates:
         """The producers and affine chains, found in one walk when the FOLD stage starts."""

@@ -147,11 +147,13 @@ class Ledger:
         if old in self._statistics and successor not in self._statistics:
             self._statistics[successor] = self._statistics.pop(old)
 
-    def on_erase(self, op: ir.Operation) -> None:
-        pass  # everything here is keyed by handles, which are never reused
-
     def on_change(self) -> None:
         pass
+
+    def on_finish(self) -> None:
+        # Keyed by handles, never by ops; the ops it kept for later patterns go.
+        self.forward_producers.clear()
+        self.equalized_sets.clear()
 
     # -- the end ----------------------------------------------------------------------------
 

@@ -12,8 +12,9 @@ the newcomer. bnfold avoids that with three rules, all enforced here:
   until `finish`, when no pattern runs any more: while patterns run nothing
   is freed, so no address is reused and no wrapper dangles. The replaced op
   is a tombstone: dead for liveness, gone for the walks.
-* Listeners (the evaluator, the analysis caches, the ledger) are told of
-  every replacement and every erase, as MLIR's `RewriterBase::Listener` is.
+* Listeners (the analysis caches, the ledger) are told of every replacement
+  and, before anything is erased, that the run is over (`on_finish`), as
+  MLIR's `RewriterBase::Listener` is told of replacements and erasures.
 
 A pattern's `apply` creates ops at an insertion point (building is not a
 change: nothing existing sees it), then replaces its root:
@@ -22,8 +23,11 @@ change: nothing existing sees it), then replaces its root:
         new = rewriter.clone(op, {1: kernel})        # a copy with a new kernel operand
     rewriter.replace_op(op, [new.results[0]], successor=new)
 
-`finish` erases the tombstones and the ops left dead in the functions that
-changed, notifying the listeners of each erase.
+`finish` ends the run: it tells every listener to drop everything it keyed
+by ops, values or addresses (`on_finish`), forgets every handle, then erases
+the replaced ops and the ops left dead in the functions that changed (jaxlib's
+greedy driver erases the trivially dead ones in C++: thousands of ops in a
+few milliseconds, where one Python call per op costs tens).
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from collections.abc import Iterable, Sequence
 from typing import NewType, Protocol
 
 from bnfold.graph import callee_name, function_name, functions, is_private, is_pure, symbol_name
-from bnfold.ir import ir, op_id
+from bnfold.ir import ir, op_id, rewrite
 
 Handle = NewType("Handle", int)
 
@@ -43,11 +47,12 @@ class Listener(Protocol):
     def on_replace(self, old: Handle, successor: Handle | None) -> None:
         """`old`'s results now read from elsewhere; `successor` computes the same thing."""
 
-    def on_erase(self, op: ir.Operation) -> None:
-        """`op` is about to be erased (called for nested ops too, innermost first)."""
-
     def on_change(self) -> None:
         """Uses changed somewhere: drop anything derived from them."""
+
+    def on_finish(self) -> None:
+        """The run is over and ops are about to be erased: drop everything keyed by an
+        op, a value or an address (nothing may be used after this)."""
 
 
 class Handles:
@@ -72,6 +77,10 @@ class Handles:
 
     def forget(self, op: ir.Operation) -> None:
         self._by_address.pop(op_id(op), None)
+
+    def clear(self) -> None:
+        """Forgets every address (handles given out stay unique: the count goes on)."""
+        self._by_address.clear()
 
 
 class Rewriter:
@@ -163,68 +172,68 @@ class Rewriter:
         for listener in self._listeners:
             listener.on_change()
 
-    def erase(self, op: ir.Operation) -> None:
-        """Erases `op` (which must be unused) now, telling the listeners first."""
-        nested: list[ir.Operation] = []
-
-        def visit(inner: ir.Operation) -> ir.WalkResult:
-            nested.append(inner.operation)
-            return ir.WalkResult.ADVANCE
-
-        op.walk(visit, ir.WalkOrder.POST_ORDER)  # innermost first, `op` itself last
-        for inner in nested:
-            for listener in self._listeners:
-                listener.on_erase(inner)
-            self.handles.forget(inner)
-        op.erase()
-
     # -- the end of a run -------------------------------------------------------
 
     def finish(self, module: ir.Module, *, remove_dead: bool = True) -> None:
-        """Erases, in the functions that changed, every replaced op and every op left
-        dead (side-effect free with unused results, and calls of side-effect free
-        private functions); then the private functions nothing calls any more that
-        were dropped. Functions without a change stay as they were. Each block is
-        swept backwards, so users go before what they read. Without `remove_dead`
-        (debugging) nothing is erased: replaced ops stay, unused."""
-        if not remove_dead:
-            self._tombstones.clear()
-            self._successors.clear()
-            return
-        tombstones = set(self._tombstones)
-        pure_callees = _pure_functions(module)
-        dropped: list[ir.Operation] = []
-        for func in list(functions(module)):
-            if self.handles.get(func) in tombstones:
-                dropped.append(func)
-            elif symbol_name(func) in self.changed_functions:
-                for block in _blocks_innermost_first(func):
-                    for view in reversed(list(block.operations)):
-                        op = view.operation
-                        if _unused(op) and (self.handles.get(op) in tombstones or is_pure(op) or (
-                                op.name == "func.call" and callee_name(op) in pure_callees)):
-                            self.erase(op)
-        for func in dropped:
-            self.erase(func)
+        """Ends the run: listeners drop what they keyed by ops (`on_finish`), then, with
+        `remove_dead`, the replaced ops and every op left dead in the functions that
+        changed are erased (side-effect free with unused results, and calls of
+        side-effect free private functions), and the private functions dropped because
+        nothing calls them any more. Functions without a change stay as they were.
+        Without `remove_dead` (debugging) nothing is erased: replaced ops stay, unused."""
+        tombstones = list(self._tombstones.values())
         self._tombstones.clear()
         self._successors.clear()
         for listener in self._listeners:
-            listener.on_change()
+            listener.on_finish()
+        self._listeners.clear()
+        if remove_dead:
+            dropped = [op for op in tombstones if op.name == "func.func"]
+            # Replaced ops that MLIR does not consider trivially dead (calls): erased here,
+            # users first; the rest are side-effect free and go with the cleanup below.
+            for op in reversed([op for op in tombstones if op.name == "func.call"]):
+                if _unused(op):
+                    op.erase()
+            pure_callees = _pure_functions(module)
+            for func in functions(module):
+                if symbol_name(func) in self.changed_functions and func not in dropped:
+                    _remove_dead(func, pure_callees)
+            for func in dropped:
+                func.erase()
+        self.handles.clear()
+
+
+def _remove_dead(func: ir.Operation, pure_callees: set[str]) -> None:
+    """Erases unused side-effect-free ops in `func` (jaxlib's greedy driver, no patterns:
+    folding, CSE and region simplification off), and dead calls of pure private
+    functions, which MLIR cannot prove dead; once more for what those calls fed."""
+    _erase_trivially_dead(func)
+    dead: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        op = op.operation
+        if op.name == "func.call" and callee_name(op) in pure_callees and _unused(op):
+            dead.append(op)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    for op in dead:
+        op.erase()
+    if dead:
+        _erase_trivially_dead(func)
+
+
+def _erase_trivially_dead(func: ir.Operation) -> None:
+    config = rewrite.GreedyRewriteConfig()
+    config.enable_folding = False
+    config.enable_constant_cse = False
+    config.region_simplification_level = rewrite.GreedySimplifyRegionLevel.DISABLED
+    config.max_iterations = 2
+    rewrite.apply_patterns_and_fold_greedily(func, rewrite.RewritePatternSet().freeze(), config)
 
 
 def _unused(op: ir.Operation) -> bool:
     return not any(True for result in op.results for _ in result.uses)
-
-
-def _blocks_innermost_first(op: ir.Operation) -> list[ir.Block]:
-    """Every block nested in `op`, a region's blocks after the blocks nested in them."""
-    found: list[ir.Block] = []
-    for region in op.regions:
-        for block in region.blocks:
-            for inner in block.operations:
-                found += _blocks_innermost_first(inner.operation)
-            found.append(block)
-    return found
 
 
 def _pure_functions(module: ir.Module) -> set[str]:

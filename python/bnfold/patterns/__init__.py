@@ -12,6 +12,7 @@ it fixes; every other option of the schema (`bnfold.options`) is a pass option.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -35,8 +36,7 @@ class Entry:
     opt_in: str | None = None
 
     def load(self) -> Pattern:
-        pattern: Pattern = importlib.import_module(self.module).PATTERN
-        return pattern
+        return _load(self.module)
 
 
 REGISTRY: tuple[Entry, ...] = (
@@ -81,6 +81,12 @@ PASSES: tuple[PassSpec, ...] = (
     PassSpec("bnfold-equalize", "fold, then equalize the weight ranges of consecutive layers "
                                 "(cross-layer equalization)", fixed={"equalize": True}),
 )
+
+
+@functools.cache
+def _load(module: str) -> Pattern:
+    pattern: Pattern = importlib.import_module(module).PATTERN
+    return pattern
 
 
 def pattern_names() -> list[str]:

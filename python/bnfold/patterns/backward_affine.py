@@ -294,6 +294,8 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
         """A helper whose producer gets a constant kernel from this call site (a nested jit
         block), or that returns a producer result (through nested helpers too) that the
         caller normalizes, with a kernel constant at this call site."""
+        if not (ctx.body_ops(callee) & {*producers.NAMES, "func.call"}):
+            return False  # an activation helper: nothing to fold inside or behind it
         analysis = ctx.analysis
         site = CallSite(call, callee)
         body = [op.operation for op in callee.regions[0].blocks[0].operations]

@@ -620,6 +620,8 @@ class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
     def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
         """A padding helper (`jnp.pad`, nested at any depth) between a normalization and a
         convolution's input."""
+        if not (ctx.body_ops(callee) & {"stablehlo.pad", "func.call"}):
+            return False
         analysis = ctx.analysis
         site = CallSite(call, callee)
         for index, result in enumerate(call.results):

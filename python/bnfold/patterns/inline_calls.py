@@ -46,7 +46,6 @@ from bnfold.graph import (
     symbol_name,
 )
 from bnfold.ir import ir
-from bnfold.patterns import REGISTRY
 from bnfold.patterns.base import Pattern, Stage
 
 if TYPE_CHECKING:
@@ -80,15 +79,12 @@ class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
                 return
 
     def match(self, ctx: Context, root: ir.Operation) -> Inline | None:
-        func = callee(root)
+        func = ctx.callee(root)
         if func is None or not is_private(func) or single_block(func) is None or \
                 func == function_of(root) or symbol_name(func) in ctx.options.skip_functions:
             return None
-        for entry in REGISTRY:
-            if entry.name != NAME and entry.stage > Stage.PREPARE and \
-                    ctx.options.enabled(entry.name, entry.opt_in) and \
-                    entry.load().wants_inline(ctx, root, func):
-                return Inline(root, func)
+        if any(p.wants_inline(ctx, root, func) for p in ctx.patterns(after=Stage.PREPARE)):
+            return Inline(root, func)
         return None
 
     def plan(self, ctx: Context, match: Inline) -> Inline:
