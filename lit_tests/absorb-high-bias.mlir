@@ -9,7 +9,8 @@
 // CHECK:         %[[B1:.+]] = stablehlo.add %[[Y]], %{{.+}}
 // CHECK:         %[[R:.+]] = stablehlo.clamp %{{.+}}, %[[B1]], %{{.+}} : (tensor<f32>, tensor<2x4x4x3xf32>, tensor<2x4x4x3xf32>)
 // CHECK:         %[[Z:.+]] = stablehlo.convolution(%[[R]], %{{.+}})
-// CHECK-NEXT:    %[[C:.+]] = stablehlo.constant dense<{{.+}}> : tensor<2xf32>
+// K2 . c: c = [2.5, 0, 2.25] (the equalization scale cancels), rows [1, -2] and [-1, 3].
+// CHECK-NEXT:    %[[C:.+]] = stablehlo.constant dense<[{{0\.2499999[0-9]*|2\.500000e-01}}, {{1\.7500[0-9]*|1\.750000e\+00}}]> : tensor<2xf32>
 // CHECK-NEXT:    %[[CB:.+]] = stablehlo.broadcast_in_dim %[[C]], dims = [3]
 // CHECK-NEXT:    %[[O:.+]] = stablehlo.add %[[Z]], %[[CB]]
 // CHECK-NEXT:    return %[[O]]
@@ -64,7 +65,8 @@ func.func @no_fire_without_relu(%x: tensor<4x2xf32>) -> tensor<4x1xf32> {
 
 // CHECK-LABEL: @zero_padded_layer_2_gets_an_exact_border_correction
 // CHECK:         %[[Z:.+]] = stablehlo.convolution(%{{.+}}, %{{.+}}) {{.*}}pad = {{\[\[}}1, 1], [1, 1]]
-// CHECK-NEXT:    %[[T:.+]] = stablehlo.constant dense<{{.+}}> : tensor<3x3x1xf32>
+// 0.5 * (2.5 + 2.25) per tap: 4 taps in a corner, 6 on an edge, 9 inside.
+// CHECK-NEXT:    %[[T:.+]] = stablehlo.constant dense<{{\[\[\[}}9.500000e+00], [9.500000e+00], [1.425000e+01]], {{\[\[}}9.500000e+00], [9.500000e+00], [1.425000e+01]], {{\[\[}}1.425000e+01], [1.425000e+01], [2.137500e+01]]]> : tensor<3x3x1xf32>
 // CHECK:         %[[ROWS:.+]] = stablehlo.concatenate {{.*}}, dim = 0 : {{.*}} -> tensor<4x3x1xf32>
 // CHECK:         %[[TABLE:.+]] = stablehlo.concatenate {{.*}}, dim = 1 : {{.*}} -> tensor<4x4x1xf32>
 // CHECK-NEXT:    %[[C:.+]] = stablehlo.broadcast_in_dim %[[TABLE]], dims = [1, 2, 3] : (tensor<4x4x1xf32>) -> tensor<2x4x4x1xf32>

@@ -38,14 +38,15 @@ func.func @pair_through_relu6(%x: tensor<1x4x4x2xf32>) -> tensor<1x4x4x1xf32> {
 
 // CHECK-LABEL: @triplet_conv_depthwise_conv
 // CHECK-SAME:    (%[[X:.+]]: tensor<1x4x4x2xf32>)
-// CHECK:         %[[K1:.+]] = stablehlo.constant dense<{{.+}}> : tensor<1x1x2x3xf32>
+// The balanced ranges are cube roots of the three layers' range products (2^(1/3) = 1.2599):
+// CHECK:         %[[K1:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.259921{{[0-9]*}}, 0.24662{{[0-9]*}}, 1.85663{{[0-9]*}}], [0.62996{{[0-9]*}}, 0.49324{{[0-9]*}}, 0.23207{{[0-9]*}}]]]]> : tensor<1x1x2x3xf32>
 // CHECK-NEXT:    %[[Y:.+]] = stablehlo.convolution(%[[X]], %[[K1]])
 // CHECK-NEXT:    %[[ZERO:.+]] = stablehlo.constant dense<0.000000e+00> : tensor<1x4x4x3xf32>
 // CHECK-NEXT:    %[[R:.+]] = stablehlo.maximum %[[Y]], %[[ZERO]]
-// CHECK-NEXT:    %[[KD:.+]] = stablehlo.constant dense<{{.+}}> : tensor<3x3x1x3xf32>
+// CHECK-NEXT:    %[[KD:.+]] = stablehlo.constant dense<{{\[\[\[\[}}0.62996{{[0-9]*}}, 0.49324{{[0-9]*}}, 0.92831{{[0-9]*}}]], {{.+}}, {{\[\[}}1.259921{{[0-9]*}}, 0.049324{{[0-9]*}}, 1.85663{{[0-9]*}}]], {{.+}}> : tensor<3x3x1x3xf32>
 // CHECK-NEXT:    %[[D:.+]] = stablehlo.convolution(%[[R]], %[[KD]]) {{.+}} feature_group_count = 3
 // CHECK-NEXT:    %[[R2:.+]] = stablehlo.maximum %[[D]], %[[ZERO]]
-// CHECK-NEXT:    %[[K3:.+]] = stablehlo.constant dense<{{.+}}> : tensor<1x1x3x2xf32>
+// CHECK-NEXT:    %[[K3:.+]] = stablehlo.constant dense<{{\[\[\[\[}}1.259921{{[0-9]*}}, 0.62996{{[0-9]*}}], [0.24662{{[0-9]*}}, 0.49324{{[0-9]*}}], [1.85663{{[0-9]*}}, 0.46415{{[0-9]*}}]]]]> : tensor<1x1x3x2xf32>
 // CHECK-NEXT:    %[[Z:.+]] = stablehlo.convolution(%[[R2]], %[[K3]])
 // CHECK-NEXT:    return %[[Z]]
 func.func @triplet_conv_depthwise_conv(%x: tensor<1x4x4x2xf32>) -> tensor<1x4x4x2xf32> {

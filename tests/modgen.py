@@ -885,22 +885,31 @@ def spatial_dims(draw, lhs_dilation_ok: bool = True) -> Spatial:
     return s
 
 
+CONV_MODES = ("plain", "plain", "plain", "groups", "batch_groups")
+
+
 @st.composite
 def convs(draw, need_other_axis: str | None = None, equal_to_channels: bool = False,
-          forward: bool = False) -> tuple[Conv, int | None]:
+          forward: bool = False, modes: tuple[str, ...] = CONV_MODES,
+          large: bool = False) -> tuple[Conv, int | None]:
     """A convolution; with need_other_axis ("in"/"out"), also a non-feature axis of size >= 2
-    (of the input / output), and with equal_to_channels, the channel count set to its size."""
-    rank = draw(st.integers(1, 3))
+    (of the input / output), and with equal_to_channels, the channel count set to its size.
+    `modes` picks plain, grouped or batch-grouped; `large` draws kernels of more than 4096
+    weights (the precision contract's blocked, threaded rounding path)."""
+    rank = draw(st.integers(2, 2)) if large else draw(st.integers(1, 3))
     spatial = tuple(draw(spatial_dims()) for _ in range(rank))
+    if large:
+        spatial = tuple(replace(s, window=3, size=max(s.size, 3), stride=1, lhs_dilation=1, rhs_dilation=1,
+                                pad_lo=max(s.pad_lo, 0), pad_hi=max(s.pad_hi, 0)) for s in spatial)
     if equal_to_channels:
         mode = "plain"
     else:
-        mode = draw(st.sampled_from(["plain", "plain", "plain", "groups", "batch_groups"]))
+        mode = draw(st.sampled_from(modes))
     g = draw(st.integers(2, 3)) if mode == "groups" else 1
     bg = draw(st.integers(2, 3)) if mode == "batch_groups" else 1
     batch = bg * draw(st.integers(1, 2))
-    ci = draw(st.integers(1, 3))
-    ok = draw(st.integers(1, 3))
+    ci = draw(st.integers(22, 28)) if large else draw(st.integers(1, 3))
+    ok = draw(st.integers(22, 28)) if large else draw(st.integers(1, 3))
     labels = [str(i) for i in range(rank)]
     conv = Conv(batch, g * ci, max(g, bg) * ok, g, bg, spatial,
                 _perm(draw, ["b", "f"] + labels), _perm(draw, ["i", "o"] + labels),
@@ -993,7 +1002,8 @@ NORM_FORMS = tuple(f for f in FORMS if f != "none")
 
 @st.composite
 def cases(draw, direction: str = "backward", producer: str | None = None,
-          variants=("none",), dtypes=DTYPE_STRATEGY, forms=FORMS) -> Case:
+          variants=("none",), dtypes=DTYPE_STRATEGY, forms=FORMS,
+          conv_modes: tuple[str, ...] = CONV_MODES, large: bool = False) -> Case:
     variant = draw(st.sampled_from(variants))
     kind = producer or draw(st.sampled_from(["conv", "conv", "dot"]))
     if direction == "between":
@@ -1003,7 +1013,7 @@ def cases(draw, direction: str = "backward", producer: str | None = None,
     equal = variant == "wrong_axis"
     if kind == "conv":
         prod, other = draw(convs(need_other_axis=need, equal_to_channels=equal,
-                                 forward=direction == "forward"))
+                                 forward=direction == "forward", modes=conv_modes, large=large))
     else:
         prod, other = draw(dots(need_other_axis=need, equal_to_channels=equal))
     if variant == "none":

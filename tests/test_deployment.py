@@ -198,3 +198,36 @@ def test_inline_calls_can_be_disabled():
     _, report = support.fold(text, disable={"inline-calls"})
     assert not report.folds and not report.inlined and report.skipped
     assert "func.call" in report.skipped[0].reason
+
+
+SHARED_HELPER = """
+func.func @main(%x: tensor<1x8x8x2xf32>) -> tensor<1x8x8x2xf32> {
+  %ka = stablehlo.constant dense<[[[[1.0, -2.0], [0.5, 3.0]]]]> : tensor<1x1x2x2xf32>
+  %kb = stablehlo.constant dense<[[[[-4.0, 0.25], [2.0, 1.5]]]]> : tensor<1x1x2x2xf32>
+  %s = stablehlo.constant dense<[0.5, 2.0]> : tensor<2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x8x8x2xf32>
+  %t = stablehlo.constant dense<[1.0, -1.0]> : tensor<2xf32>
+  %tb = stablehlo.broadcast_in_dim %t, dims = [3] : (tensor<2xf32>) -> tensor<1x8x8x2xf32>
+  %y1 = call @conv(%x, %ka) : (tensor<1x8x8x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x8x8x2xf32>
+  %n1 = stablehlo.multiply %y1, %sb : tensor<1x8x8x2xf32>
+  %b1 = stablehlo.add %n1, %tb : tensor<1x8x8x2xf32>
+  %y2 = call @conv(%b1, %kb) : (tensor<1x8x8x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x8x8x2xf32>
+  %n2 = stablehlo.multiply %y2, %sb : tensor<1x8x8x2xf32>
+  %b2 = stablehlo.add %n2, %tb : tensor<1x8x8x2xf32>
+  return %b2 : tensor<1x8x8x2xf32>
+}
+func.func private @conv(%a: tensor<1x8x8x2xf32>, %w: tensor<1x1x2x2xf32>) -> tensor<1x8x8x2xf32> {
+  %0 = stablehlo.convolution(%a, %w) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x8x8x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x8x8x2xf32>
+  return %0 : tensor<1x8x8x2xf32>
+}
+"""
+
+
+def test_one_helper_called_twice_with_other_kernels_gets_a_copy_per_call_site():
+    """The audit's planted bug (one inlined copy reused for the second call site) changed
+    the output by 100%: the same private function, two call sites, two kernels."""
+    folded, report = support.fold(SHARED_HELPER)
+    assert len(report.folds) == 2 and report.inlined == ["conv", "conv"], report.dumps()
+    assert "call @conv" not in folded
+    x = RNG.normal(size=(1, 8, 8, 2)).astype(np.float32)
+    numerics.check_close(numerics.run_xla(folded, [x]), numerics.run_xla(SHARED_HELPER, [x]))

@@ -112,26 +112,35 @@ def test_bf16_weights_converted_from_f32_fold_into_the_f32_source():
 # --- 2. dead channels in f16 --------------------------------------------------------
 
 
-def test_dead_channel_in_f16_refuses_instead_of_overflowing():
+@pytest.mark.parametrize("outputs, inputs, window", [(4, 3, 1), (64, 64, 3)],
+                         ids=["small_kernel", "large_kernel_blocked_path"])
+def test_dead_channel_in_f16_refuses_instead_of_overflowing(outputs, inputs, window):
     # Channel 1 is dead (variance 0): its scale 100 / sqrt(1e-5) ~ 3.2e4 is finite in
-    # f16, but times weights of ~2-4 it is beyond f16's 65504.
+    # f16, but times weights of ~2-4 it is beyond f16's 65504. The large kernel (36864
+    # weights) is rounded block by block on threads: the finiteness check must hold there.
     # (its own generator: the shared one's state depends on which tests ran before)
-    k = np.random.default_rng(3).uniform(2.5, 4.0, size=(4, 3, 1, 1)).astype(np.float16)
-    vec = "tensor<4xf16>"
-    stats = {"g": [1.0, 100.0, 1.0, 1.0], "b": [0.0] * 4, "m": [0.0] * 4, "v": [1.0, 0.0, 1.0, 1.0]}
+    k = np.random.default_rng(3).uniform(2.5, 4.0, size=(outputs, inputs, window, window))
+    k = k.astype(np.float16)
+    assert (k.size > precision.ROUNDING_SAMPLE) == (outputs == 64)
+    vec = f"tensor<{outputs}xf16>"
+    stats = {"g": [1.0, 100.0] + [1.0] * (outputs - 2), "b": [0.0] * outputs,
+             "m": [0.0] * outputs, "v": [1.0, 0.0] + [1.0] * (outputs - 2)}
     consts = "".join(f"  %{n} = stablehlo.constant dense<{_hex(np.float16(v))}> : {vec}\n"
                      for n, v in stats.items())
-    ty = "tensor<1x4x5x5xf16>"
-    text = f"""func.func @main(%x: tensor<1x3x5x5xf16>) -> {ty} {{
-  %k = stablehlo.constant dense<{_hex(k)}> : tensor<4x3x1x1xf16>
-  %c = stablehlo.convolution(%x, %k) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<1x3x5x5xf16>, tensor<4x3x1x1xf16>) -> {ty}
+    ty = f"tensor<1x{outputs}x5x5xf16>"
+    xty = f"tensor<1x{inputs}x5x5xf16>"
+    kty = f"tensor<{outputs}x{inputs}x{window}x{window}xf16>"
+    text = f"""func.func @main(%x: {xty}) -> {ty} {{
+  %k = stablehlo.constant dense<{_hex(k)}> : {kty}
+  %c = stablehlo.convolution(%x, %k) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1], window = {{pad = [[{window // 2}, {window // 2}], [{window // 2}, {window // 2}]]}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : ({xty}, {kty}) -> {ty}
 {consts}  %bn = "stablehlo.batch_norm_inference"(%c, %g, %b, %m, %v) {{epsilon = 1.0e-05 : f32, feature_index = 1 : i64}} : ({ty}, {vec}, {vec}, {vec}, {vec}) -> {ty}
   return %bn : {ty}
 }}"""
     folded, report = support.fold(text)
     assert not report.folds, report.dumps()
-    assert any("overflows f16" in s.reason for s in report.skipped), report.dumps()
-    x = (RNG.normal(size=(1, 3, 5, 5)) * 0.001).astype(np.float16)
+    assert any("overflows f16" in s.reason and s.code == "precision" for s in report.skipped), \
+        report.dumps()
+    x = (RNG.normal(size=(1, inputs, 5, 5)) * 0.001).astype(np.float16)
     assert np.all(np.isfinite(numerics.run_xla(folded, [x])[0]))
 
 

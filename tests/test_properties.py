@@ -9,11 +9,15 @@ Every generated example is folded with `bnfold.fold_text` and must:
         err(folded) <= PRECISION_SLACK * err(unfolded) + eps(dtype) * (1 + condition)
     with errors measured like `numerics.relative_error` (max abs error / max |reference|),
     eps(dtype) the machine epsilon (f16 2**-10, bf16 2**-7, one ulp at the output's
-    largest magnitude) and `condition` = max(sum |K'||x| + |b|) / max |y| of the folded
-    computation (`fold_condition`, >= 1): folded weights and bias must be stored in the
-    dtype, and each rounding of them (half an ulp) is magnified by that ratio when the
-    output cancels, however carefully they are computed. A fixed slack is not enough:
-    bf16 examples with 1-3 ulps of difference occur (2-5 ulps at high condition);
+    largest magnitude) and `condition` = max |y|_magnitude / max |y| of the *original*
+    (`condition`, >= 1): the original evaluated in float64 with every constant and input
+    made non-negative and every subtraction an addition (batch norms spelled out as the
+    specification defines them), an upper bound of every partial sum either module
+    computes. Folded weights and bias must be stored in the dtype, and each rounding of
+    them (half an ulp) is magnified by that ratio when the output cancels, however
+    carefully they are computed. A fixed slack is not enough: bf16 examples with 1-3
+    ulps of difference occur (2-5 ulps at high condition). Nothing here is derived from
+    bnfold's own fold;
   * for fully folded backward examples: the composed scale equals the float64 one
     computed from the rounded constants and the epsilon attribute (rtol 1e-12), and the
     new kernel is exactly the original kernel times it, rounded once to the dtype;
@@ -304,13 +308,54 @@ def run_xla(text: str, inputs) -> list[np.ndarray]:
     return XLA.run(desugar_window_reversal(desugar_negative_padding(text)), inputs)
 
 
-def fold_condition(reference_text: str, inputs: list[np.ndarray]) -> float:
-    """How much the folded computation magnifies rounding of its folded parameters:
-    max(sum |K'| |x| + |b|) / max |y|, from the float64 module folded by bnfold and
-    evaluated with absolute values of every constant and input (at least 1)."""
-    folded_ref, _ = bnfold.fold_text(reference_text)
+def magnitude_module(text: str) -> str:
+    """The module as a magnitude bound: batch norms spelled out as the StableHLO spec
+    defines them, every subtraction an addition, every negation dropped and every
+    constant made non-negative. With non-negative inputs, each value it computes bounds
+    the magnitude of the corresponding partial sums of the original."""
+    from bnfold.ir import stablehlo
+
+    ir = bir.ir
+    context, module = support.parse(text)
+    found: list = []
+
+    def visit(op):
+        if op.name in ("stablehlo.batch_norm_inference", "stablehlo.subtract", "stablehlo.negate"):
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    with context, ir.Location.unknown():
+        module.operation.walk(visit)
+        for op in found:
+            with ir.InsertionPoint(op):
+                if op.name == "stablehlo.negate":
+                    value = op.operands[0]
+                elif op.name == "stablehlo.subtract":
+                    value = stablehlo.AddOp(op.operands[0], op.operands[1]).result
+                else:  # (x + |mean|) / sqrt(var + eps) * |gamma| + |beta|
+                    ty = ir.RankedTensorType(op.results[0].type)
+                    axis = ir.IntegerAttr(op.attributes["feature_index"]).value
+                    x, gamma, beta, mean, var = list(op.operands)
+                    eps = stablehlo.ConstantOp(ir.DenseElementsAttr.get_splat(
+                        ty, ir.FloatAttr.get(ty.element_type, ir.FloatAttr(op.attributes["epsilon"]).value)))
+
+                    def b(v):
+                        return stablehlo.BroadcastInDimOp(ty, v, [axis]).result
+
+                    centered = stablehlo.AddOp(x, b(mean)).result
+                    sd = stablehlo.SqrtOp(stablehlo.AddOp(b(var), eps.result).result).result
+                    value = stablehlo.AddOp(stablehlo.MulOp(stablehlo.DivOp(centered, sd).result,
+                                                            b(gamma)).result, b(beta)).result
+            op.results[0].replace_all_uses_with(value)
+            op.erase()
+        return with_abs_constants(bir.serialize(module, "mlir").decode())
+
+
+def condition(reference_text: str, inputs: list[np.ndarray]) -> float:
+    """How much the computation magnifies roundings of its parameters: max of the
+    original's magnitude bound (`magnitude_module`) over max |y|, at least 1."""
     xs = [np.asarray(x, dtype=np.float64) for x in inputs]
-    magnitude = run_xla(with_abs_constants(folded_ref), [np.abs(x) for x in xs])
+    magnitude = run_xla(magnitude_module(reference_text), [np.abs(x) for x in xs])
     values = run_xla(reference_text, xs)
     return max([1.0] + [float(np.max(np.abs(m))) / max(float(np.max(np.abs(v))), 1e-300)
                         for m, v in zip(magnitude, values)])
@@ -319,7 +364,7 @@ def fold_condition(reference_text: str, inputs: list[np.ndarray]) -> float:
 def check_numerics(text: str, folded: str, dtype: str, arg_shapes, seed: int,
                    reference_text: str | None = None) -> None:
     """Folded vs unfolded on XLA CPU; for f16/bf16 also both vs the float64 reference:
-    err(folded) <= 1.5 * err(unfolded) + eps * (1 + condition), `fold_condition`."""
+    err(folded) <= 1.5 * err(unfolded) + eps * (1 + condition), see `condition`."""
     inputs = inputs_for(arg_shapes, dtype, seed)
     try:
         expected = run_xla(text, inputs)
@@ -359,19 +404,19 @@ def check_precision(actual: list[np.ndarray], expected: list[np.ndarray], inputs
     """err(folded) <= 1.5 * err(unfolded) + eps * (1 + condition) against float64."""
     try:
         reference = run_xla(reference_text, [x.astype(np.float64) for x in inputs])
-        condition = fold_condition(reference_text, inputs)
+        cond = condition(reference_text, inputs)
     except XlaCrash:
         note("XLA CPU aborts on the float64 reference: precision not checked")
         return
-    note(f"fold condition {'<= 2' if condition <= 2 else '<= 10' if condition <= 10 else '> 10'}")
+    note(f"condition {'<= 2' if cond <= 2 else '<= 10' if cond <= 10 else '> 10'}")
     for i, (a, e, r) in enumerate(zip(actual, expected, reference, strict=True)):
         err_folded = numerics.relative_error(a, r)
         err_orig = numerics.relative_error(e, r)
-        bound = PRECISION_SLACK * err_orig + eps * (1 + condition)
+        bound = PRECISION_SLACK * err_orig + eps * (1 + cond)
         assert err_folded <= bound, (
             f"output {i}: folded error vs f64 reference {err_folded:.3g} > "
             f"{PRECISION_SLACK} * unfolded error {err_orig:.3g} + eps {eps:.3g} * "
-            f"(1 + condition {condition:.3g})")
+            f"(1 + condition {cond:.3g})")
 
 
 def forward_shift(case: modgen.Case, r: modgen.Rendered) -> float:
@@ -489,6 +534,43 @@ def test_forward_must_not_fold_variants(case):
 
 @given(modgen.cases(direction="both"))
 def test_both_directions(case):
+    check_case(case)
+
+
+# --- strata the CI profile always draws (the audit's planted bugs hid outside them) -------
+
+STRATA = 20 if PROFILE == "ci" else 1000
+NARROW = st.sampled_from(["bf16", "f16"])
+
+
+@settings(max_examples=STRATA)
+@given(modgen.cases(direction="forward", producer="conv", conv_modes=("groups",)))
+def test_forward_folds_into_grouped_convolutions(case):
+    """Channel c of the input is read by group c // (channels per group): a wrong mapping
+    of the scale onto the kernel's input axis breaks the numbers."""
+    check_case(case)
+
+
+@settings(max_examples=STRATA)
+@given(modgen.cases(direction="backward", producer="conv", conv_modes=("groups", "plain"),
+                    dtypes=NARROW))
+def test_backward_folds_in_narrow_types(case):
+    check_case(case)
+
+
+@settings(max_examples=max(STRATA // 2, 5))
+@given(modgen.cases(direction="backward", producer="conv", large=True,
+                    dtypes=st.sampled_from(["f32", "f16", "bf16"])))
+def test_large_kernels_fold_exactly(case):
+    """More than 4096 weights: rounded block by block on threads (precision._blocks)."""
+    assert modgen.render(case).kernel.size > precision.ROUNDING_SAMPLE
+    check_case(case)
+
+
+@settings(max_examples=max(STRATA // 2, 5))
+@given(modgen.cases(direction="forward", producer="conv", large=True,
+                    dtypes=st.sampled_from(["f32", "f16", "bf16"])))
+def test_large_kernels_fold_forward(case):
     check_case(case)
 
 

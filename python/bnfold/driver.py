@@ -15,6 +15,7 @@ notes it for the report. Nothing here knows what a pattern does.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from bnfold import chains, precision
 from bnfold.analysis import Analysis
@@ -100,17 +101,23 @@ def run(ctx: Context, registry: tuple[Entry, ...] = REGISTRY) -> None:
 def run_pattern(ctx: Context, pattern: Pattern) -> None:
     """match -> plan -> apply -> record for every root of one pattern, then `finish`."""
     for root in pattern.roots(ctx):
-        matched = pattern.match(ctx, root)
+        matched = _accepted(ctx, pattern, root, pattern.match(ctx, root))
         if matched is None:
             continue
-        if isinstance(matched, Refusal):
-            pattern.refuse(ctx, root, matched)
-            continue
-        planned = pattern.plan(ctx, matched)
-        if planned is None:
-            continue
-        if isinstance(planned, Refusal):
-            pattern.refuse(ctx, matched, planned)
-            continue
-        pattern.record(ctx, planned, pattern.apply(ctx.rewriter, planned))
+        planned = _accepted(ctx, pattern, matched, pattern.plan(ctx, matched))
+        if planned is not None:
+            pattern.record(ctx, planned, pattern.apply(ctx.rewriter, planned))
     pattern.finish(ctx)
+
+
+T = TypeVar("T")
+
+
+def _accepted(ctx: Context, pattern: Pattern, subject: object, result: T | Refusal | None
+              ) -> T | None:
+    """`result`, unless it is None (not the pattern's business) or a refusal, which goes
+    back to the pattern to be noted against `subject`."""
+    if isinstance(result, Refusal):
+        pattern.refuse(ctx, subject, result)
+        return None
+    return result

@@ -7,10 +7,11 @@ the names re-exported here, so a jaxlib upgrade touches one file.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import io
 import re
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import BinaryIO, Literal
 
 import jaxlib.mlir._mlir_libs._jax_mlir_ext as _jax_mlir_ext
@@ -79,17 +80,10 @@ def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> i
     fmt = detect_format(raw)  # empty input: an empty module (mlir-opt's convention)
     if fmt == "mlir" and b"\x00" in raw[:4096]:
         raise BnfoldError("input is neither MLIR text nor MLIR bytecode", location=name)
-    try:
-        with context:
-            if fmt == "portable":
-                module = stablehlo.deserialize_portable_artifact(context, raw)
-            else:
-                module = ir.Module.parse(raw)
-    except ir.MLIRError as e:
-        raise BnfoldError(format_diagnostics(e, name), preformatted=True) from None
-    except (RuntimeError, ValueError) as e:
-        raise BnfoldError(f"cannot read input: {e}", location=name) from None
-    return module
+    with context, _read_errors(name):
+        if fmt == "portable":
+            return stablehlo.deserialize_portable_artifact(context, raw)
+        return ir.Module.parse(raw)
 
 
 def parse_path(path: str, context: ir.Context, *, name: str | None = None) -> ir.Module:
@@ -101,14 +95,19 @@ def parse_path(path: str, context: ir.Context, *, name: str | None = None) -> ir
     if fmt == "portable" or (fmt == "mlir" and b"\x00" in head):
         with open(path, "rb") as f:
             return parse(f.read(), context, name=name)
+    with context, _read_errors(name):
+        return ir.Module.parseFile(path)
+
+
+@contextlib.contextmanager
+def _read_errors(name: str) -> Iterator[None]:
+    """MLIR's parse errors as a `BnfoldError` with the diagnostics, `name` as the file."""
     try:
-        with context:
-            module = ir.Module.parseFile(path)
+        yield
     except ir.MLIRError as e:
         raise BnfoldError(format_diagnostics(e, name), preformatted=True) from None
     except (RuntimeError, ValueError) as e:
         raise BnfoldError(f"cannot read input: {e}", location=name) from None
-    return module
 
 
 def write(module: ir.Module, fmt: Format, file: BinaryIO, *, target_version: str | None = None,

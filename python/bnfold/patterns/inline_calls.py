@@ -34,17 +34,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bnfold.graph import (
-    callee,
-    callee_name,
-    calls,
-    defining_op,
-    function_of,
-    functions,
-    is_private,
-    single_block,
-    symbol_name,
-)
+from bnfold import graph
+from bnfold.graph import callee_name, is_private, single_block, symbol_name
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern, Stage
 
@@ -74,14 +65,14 @@ class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
         for _ in range(MAX_ROUNDS):  # each round reaches one more level of nesting
             before = len(ctx.ledger.inlined)
-            yield from [c for c in calls(ctx.functions()) if not ctx.rewriter.is_replaced(c)]
+            yield from [c for c in graph.calls(ctx.functions()) if not ctx.rewriter.is_replaced(c)]
             if len(ctx.ledger.inlined) == before:
                 return
 
     def match(self, ctx: Context, root: ir.Operation) -> Inline | None:
         func = ctx.callee(root)
         if func is None or not is_private(func) or single_block(func) is None or \
-                func == function_of(root) or symbol_name(func) in ctx.options.skip_functions:
+                func == graph.function_of(root) or symbol_name(func) in ctx.options.skip_functions:
             return None
         if any(p.wants_inline(ctx, root, func) for p in ctx.patterns(after=Stage.PREPARE)):
             return Inline(root, func)
@@ -142,10 +133,10 @@ def behind_calls(value: ir.Value, site: CallSite) -> tuple[ir.Value, CallSite]:
     """The value a helper returns, followed into nested private helpers: where it is
     really computed, and the call site that sees it there."""
     for _ in range(MAX_ROUNDS):
-        owner = defining_op(value)
+        owner = graph.defining_op(value)
         if owner is None or owner.name != "func.call":
             break
-        inner = callee(owner)
+        inner = graph.callee(owner)
         if inner is None or not is_private(inner) or single_block(inner) is None:
             break
         site = CallSite(owner, inner, site)
@@ -186,9 +177,9 @@ def drop_uncalled(ctx: Context, names: set[str]) -> None:
     rewriter = ctx.rewriter
     dropped: set[str] = set()
     while True:
-        live = [f for f in functions(ctx.module)
+        live = [f for f in graph.functions(ctx.module)
                 if symbol_name(f) not in dropped and not rewriter.is_replaced(f)]
-        called = {callee_name(c) for c in calls(live) if not rewriter.is_replaced(c)}
+        called = {callee_name(c) for c in graph.calls(live) if not rewriter.is_replaced(c)}
         gone = [f for f in live if symbol_name(f) in names and symbol_name(f) not in called
                 and is_private(f) and symbol_name(f) not in ctx.options.skip_functions]
         if not gone:

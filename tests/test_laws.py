@@ -1,0 +1,396 @@
+"""Every law of bnfold.laws, checked on numbers (float64, so a rounding never hides a bug).
+
+Scale laws (cross-layer equalization): layer 1 -> REGION -> layer 2, with layer 1's
+output channels deliberately unbalanced so that equalization moves scale through the
+region. A region whose ops all commute must be equalized and keep the function (against
+the *original* on XLA, to 1e-12); one that does not must be refused with the expected
+code and leave the function as it was.
+
+Shift laws (high-bias absorption): layer 1 -> batch norm -> bias -> ReLU -> POST ->
+layer 2, on inputs whose pre-activation stays within 3 sigma: absorbed and exact, or
+refused with a reason.
+
+The table covers every op kind in `laws.LAWS` (test_every_law_has_cases), and the
+fuzzer's grammar generates every one of them (test_every_law_is_in_the_fuzzer_grammar).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bnfold
+import numerics
+from bnfold import laws
+from test_properties import run_xla
+
+T = "tensor<2x4x4x3xf64>"
+TEMPLATE = """
+func.func @main(%x: tensor<2x4x4x3xf64>) -> tensor<2x{out}x2xf64> {{
+  %k1 = stablehlo.constant dense<[[[[40.0, 0.5, 0.02], [-60.0, 1.0, 0.03], [20.0, -2.0, 0.01]]]]> : tensor<1x1x3x3xf64>
+  %y = stablehlo.convolution(%x, %k1) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<2x4x4x3xf64>, tensor<1x1x3x3xf64>) -> {T}
+{region}
+  %k2 = stablehlo.constant dense<[[[[0.01, -0.02], [1.0, 0.5], [30.0, -50.0]]]]> : tensor<1x1x3x2xf64>
+  %z = stablehlo.convolution(%r, %k2) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : ({rt}, tensor<1x1x3x2xf64>) -> tensor<2x{out}x2xf64>
+  return %z : tensor<2x{out}x2xf64>
+}}
+"""
+VEC = "stablehlo.constant dense<[0.5, -1.0, 2.0]> : tensor<3xf64>"
+BCAST = f"stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}"
+ZERO = "stablehlo.constant dense<0.0> : tensor<f64>"
+SUM_BODY = """({
+    ^bb0(%lhs: tensor<f64>, %rhs: tensor<f64>):
+      %q = stablehlo.add %lhs, %rhs : tensor<f64>
+      stablehlo.return %q : tensor<f64>
+  })"""
+MAX_BODY = SUM_BODY.replace("stablehlo.add", "stablehlo.maximum")
+
+
+def region(lines: str, result_type: str = T, spatial: str = "4x4") -> tuple[str, str, str]:
+    return lines, result_type, spatial
+
+
+# op kind -> {case: (region lines defining %r, its type, layer 2's output spatial size)}
+COMMUTES: dict[str, dict[str, tuple[str, str, str]]] = {
+    "stablehlo.add": {"bias": region(f"  %c = {VEC}\n  %cb = {BCAST}\n  %r = stablehlo.add %y, %cb : {T}"),
+                      "twice_itself": region(f"  %r = stablehlo.add %y, %y : {T}")},
+    "stablehlo.subtract": {"from_constant": region(
+        f"  %c = {VEC}\n  %cb = {BCAST}\n  %r = stablehlo.subtract %cb, %y : {T}")},
+    "stablehlo.maximum": {"relu": region(
+        f"  %z0 = {ZERO}\n  %zb = stablehlo.broadcast_in_dim %z0, dims = [] : (tensor<f64>) -> {T}\n"
+        f"  %r = stablehlo.maximum %y, %zb : {T}")},
+    "stablehlo.minimum": {"upper_per_channel": region(
+        f"  %c = {VEC}\n  %cb = {BCAST}\n  %r = stablehlo.minimum %cb, %y : {T}")},
+    "stablehlo.clamp": {"nonzero_bounds": region(
+        "  %lo = stablehlo.constant dense<-1.5> : tensor<f64>\n"
+        "  %hi = stablehlo.constant dense<6.0> : tensor<f64>\n"
+        f"  %r = stablehlo.clamp %lo, %y, %hi : (tensor<f64>, {T}, tensor<f64>) -> {T}")},
+    "stablehlo.compare": {"threshold_relu": region(  # Keras ReLU(threshold=0.7)
+        f"  %t = stablehlo.constant dense<0.7> : {T}\n"
+        f"  %p = stablehlo.compare GT, %y, %t : ({T}, {T}) -> tensor<2x4x4x3xi1>\n"
+        f"  %z0 = stablehlo.constant dense<0.0> : {T}\n"
+        f"  %r = stablehlo.select %p, %y, %z0 : tensor<2x4x4x3xi1>, {T}")},
+    "stablehlo.select": {"leaky": region(
+        f"  %z0 = stablehlo.constant dense<0.0> : {T}\n"
+        f"  %p = stablehlo.compare GE, %y, %z0 : ({T}, {T}) -> tensor<2x4x4x3xi1>\n"
+        f"  %a = stablehlo.constant dense<0.1> : {T}\n  %ay = stablehlo.multiply %y, %a : {T}\n"
+        f"  %r = stablehlo.select %p, %y, %ay : tensor<2x4x4x3xi1>, {T}")},
+    "stablehlo.multiply": {"by_constant": region(
+        f"  %c = {VEC}\n  %cb = {BCAST}\n  %r = stablehlo.multiply %y, %cb : {T}")},
+    "stablehlo.divide": {"by_constant": region(
+        f"  %c = {VEC}\n  %cb = {BCAST}\n  %r = stablehlo.divide %y, %cb : {T}")},
+    "stablehlo.negate": {"negate": region(f"  %r = stablehlo.negate %y : {T}")},
+    "stablehlo.abs": {"abs": region(f"  %r = stablehlo.abs %y : {T}")},
+    "stablehlo.convert": {"f64_to_f64": region(f"  %r = stablehlo.convert %y : {T}")},
+    "stablehlo.reshape": {"keeps_channels": region(
+        "  %r1 = stablehlo.reshape %y : (tensor<2x4x4x3xf64>) -> tensor<2x16x3xf64>\n"
+        f"  %r = stablehlo.reshape %r1 : (tensor<2x16x3xf64>) -> {T}")},
+    "stablehlo.transpose": {"there_and_back": region(
+        "  %t1 = stablehlo.transpose %y, dims = [0, 3, 1, 2] : (tensor<2x4x4x3xf64>) -> tensor<2x3x4x4xf64>\n"
+        f"  %r = stablehlo.transpose %t1, dims = [0, 2, 3, 1] : (tensor<2x3x4x4xf64>) -> {T}")},
+    "stablehlo.broadcast_in_dim": {"same_shape": region(
+        f"  %r = stablehlo.broadcast_in_dim %y, dims = [0, 1, 2, 3] : ({T}) -> {T}")},
+    "stablehlo.pad": {"zero_then_crop": region(
+        f"  %z0 = {ZERO}\n"
+        f"  %p = stablehlo.pad %y, %z0, low = [0, 1, 1, 0], high = [0, 1, 1, 0], interior = [0, 0, 0, 0] : ({T}, tensor<f64>) -> tensor<2x6x6x3xf64>\n"
+        "  %r = stablehlo.slice %p [0:2, 1:5, 1:5, 0:3] : (tensor<2x6x6x3xf64>) -> tensor<2x4x4x3xf64>",
+        T, "4x4")},
+    "stablehlo.reduce_window": {
+        "sum_pool_padded": region(
+            f"  %z0 = {ZERO}\n"
+            f'  %r = "stablehlo.reduce_window"(%y, %z0) {SUM_BODY} {{window_dimensions = array<i64: 1, 3, 3, 1>, '
+            'window_strides = array<i64: 1, 2, 2, 1>, padding = dense<[[0, 0], [1, 1], [1, 1], [0, 0]]> : tensor<4x2xi64>} '
+            f": ({T}, tensor<f64>) -> tensor<2x2x2x3xf64>", "tensor<2x2x2x3xf64>", "2x2"),
+        "max_pool": region(
+            "  %ninf = stablehlo.constant dense<0xFFF0000000000000> : tensor<f64>\n"
+            f'  %r = "stablehlo.reduce_window"(%y, %ninf) {MAX_BODY} {{window_dimensions = array<i64: 1, 2, 2, 1>, '
+            'window_strides = array<i64: 1, 2, 2, 1>} '
+            f": ({T}, tensor<f64>) -> tensor<2x2x2x3xf64>", "tensor<2x2x2x3xf64>", "2x2")},
+    "stablehlo.reduce": {"spatial_sum_kept_dims": region(
+        f"  %z0 = {ZERO}\n"
+        f"  %s = stablehlo.reduce(%y init: %z0) applies stablehlo.add across dimensions = [2] : ({T}, tensor<f64>) -> tensor<2x4x3xf64>\n"
+        "  %r = stablehlo.reshape %s : (tensor<2x4x3xf64>) -> tensor<2x4x1x3xf64>",
+        "tensor<2x4x1x3xf64>", "4x1")},
+}
+# The pad case slices afterwards; slice has no law, so it is a refusal case in disguise: keep
+# the pad law on the numbers with a pad straight into layer 2 (a padded input of layer 2).
+COMMUTES["stablehlo.pad"] = {"zero_into_layer_2": region(
+    f"  %z0 = {ZERO}\n"
+    f"  %r = stablehlo.pad %y, %z0, low = [0, 1, 1, 0], high = [0, 1, 1, 0], interior = [0, 0, 0, 0] : ({T}, tensor<f64>) -> tensor<2x6x6x3xf64>",
+    "tensor<2x6x6x3xf64>", "6x6")}
+
+# case -> (region, expected refusal code)
+REFUSED: dict[str, tuple[tuple[str, str, str], str]] = {
+    "pad_with_nonzero_value": (region(
+        "  %v = stablehlo.constant dense<0.25> : tensor<f64>\n"
+        f"  %r = stablehlo.pad %y, %v, low = [0, 1, 1, 0], high = [0, 1, 1, 0], interior = [0, 0, 0, 0] : ({T}, tensor<f64>) -> tensor<2x6x6x3xf64>",
+        "tensor<2x6x6x3xf64>", "6x6"), "not-homogeneous"),
+    "multiply_by_itself": (region(f"  %r = stablehlo.multiply %y, %y : {T}"), "not-homogeneous"),
+    "constant_over_x": (region(f"  %c = {VEC}\n  %cb = {BCAST}\n  %r = stablehlo.divide %cb, %y : {T}"),
+                        "not-homogeneous"),
+    "sigmoid": (region(f"  %r = stablehlo.logistic %y : {T}"), "not-homogeneous"),
+    "cbrt": (region(f"  %r = stablehlo.cbrt %y : {T}"), "not-homogeneous"),
+    "slice_has_no_law": (region(
+        f"  %c = {VEC}\n  %cb = {BCAST}\n  %a = stablehlo.add %y, %cb : {T}\n"
+        f"  %r = stablehlo.slice %a [0:2, 0:4, 0:4, 0:3] : ({T}) -> {T}"), "no-law"),
+    "pool_across_channels": (region(
+        f"  %z0 = {ZERO}\n"
+        f'  %r = "stablehlo.reduce_window"(%y, %z0) {SUM_BODY} {{window_dimensions = array<i64: 1, 1, 1, 1>, '
+        'base_dilations = array<i64: 1, 1, 1, 2>} '
+        f": ({T}, tensor<f64>) -> tensor<2x4x4x5xf64>", "tensor<2x4x4x5xf64>", "4x4"), "axis"),
+    "residual_branch": (region(f"  %r = stablehlo.add %y, %x : {T}"), "fan-out"),
+}
+
+
+def module(case: tuple[str, str, str]) -> str:
+    lines, rt, out = case
+    text = TEMPLATE.format(region=lines, rt=rt, out=out, T=T)
+    if "tensor<2x4x4x5xf64>" in rt:  # a pool that changes the channel count: a wider layer 2
+        text = text.replace("tensor<1x1x3x2xf64>", "tensor<1x1x5x2xf64>").replace(
+            "[[[[0.01, -0.02], [1.0, 0.5], [30.0, -50.0]]]]",
+            "[[[[0.01, -0.02], [1.0, 0.5], [30.0, -50.0], [1.0, 1.0], [2.0, 2.0]]]]")
+    return text
+
+
+def inputs(text: str) -> list[np.ndarray]:
+    return [np.random.default_rng(0).normal(size=(2, 4, 4, 3))]
+
+
+def original_error(text: str, changed: str) -> float:
+    xs = inputs(text)
+    expected, actual = run_xla(text, xs), run_xla(changed, xs)
+    return max(numerics.relative_error(a, e) for a, e in zip(actual, expected, strict=True))
+
+
+CASES = [(op, name, case) for op, cases in COMMUTES.items() for name, case in cases.items()]
+
+
+@pytest.mark.parametrize("op, name, case", CASES, ids=[f"{o.split('.')[-1]}-{n}" for o, n, _ in CASES])
+def test_scale_law_commutes_on_numbers(op, name, case):
+    text = module(case)
+    out = bnfold.fold_source(text, options=bnfold.FoldOptions(equalize=True))
+    report = out.report
+    assert len(report.equalized) == 1, report.table()
+    scales = report.equalized[0].params["scale0"]
+    assert np.max(np.abs(np.log(scales))) > 1.0, scales  # it did move scale through the op
+    assert original_error(text, out.serialize().decode()) < 1e-12
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_scale_law_refuses_with_a_code_and_keeps_the_function(name):
+    case, code = REFUSED[name]
+    text = module(case)
+    out = bnfold.fold_source(text, options=bnfold.FoldOptions(equalize=True))
+    report = out.report
+    assert not report.equalized, report.table()
+    assert [s.code for s in report.not_equalized] == [code], report.table()
+    assert original_error(text, out.serialize().decode()) < 1e-12
+
+
+def test_every_law_has_cases():
+    """A law added to bnfold.laws needs a case here (and in the fuzzer's grammar)."""
+    assert set(laws.LAWS) == set(COMMUTES), set(laws.LAWS) ^ set(COMMUTES)
+
+
+def test_every_law_is_in_the_fuzzer_grammar():
+    import regiongen
+
+    assert set(laws.LAWS) <= set(regiongen.GRAMMAR_OPS), set(laws.LAWS) - set(regiongen.GRAMMAR_OPS)
+
+
+def test_constants_are_divided_in_the_type_of_the_value_they_meet():
+    """Mechanism 3 of issue 24: a compare's threshold must be divided in the compared
+    value's type (f32), never in the compare's i1 result type."""
+    text = module(COMMUTES["stablehlo.compare"]["threshold_relu"]).replace("f64", "f32")
+    text = text.replace("0xFFF0000000000000", "0xFF800000")
+    out = bnfold.fold_source(text, options=bnfold.FoldOptions(equalize=True))
+    assert out.report.equalized
+    folded = out.serialize().decode()
+    assert "xi1> {" not in folded and "tensor<2x4x4x3xi1>" in folded
+    xs = [x.astype(np.float32) for x in inputs(text)]
+    expected, actual = run_xla(text, xs), run_xla(folded, xs)
+    assert numerics.relative_error(actual[0], expected[0]) < 1e-5
+
+
+# --- intervals: what equalization's range check reads -----------------------------------
+
+
+def test_sum_pool_interval_counts_the_window_and_the_padding():
+    """A 3x3 sum pool of values in [-1, 2] reads at most 9 of them: [-9, 18]; with padding a
+    border window sums fewer (zeros for the rest), which the interval must include."""
+    from bnfold import ir as bir
+    from bnfold.analysis import Analysis
+    from bnfold.laws import Interval
+    from bnfold.quant import region as walk
+
+    text = module(COMMUTES["stablehlo.reduce_window"]["sum_pool_padded"])
+    context = bir.make_context()
+    mod = bir.parse(text, context)
+    with context:
+        conv = next(op for op in mod.body.operations[0].regions[0].blocks[0].operations
+                    if op.operation.name == "stablehlo.convolution").operation
+        source = Interval(np.full(3, -1.0), np.full(3, 2.0))
+        found = walk.walk(conv.results[0], 3, Analysis(mod), source)
+    assert isinstance(found, walk.Region)
+    pooled = found.reached[-1].interval
+    np.testing.assert_array_equal(pooled.lo, [-9.0] * 3)
+    np.testing.assert_array_equal(pooled.hi, [18.0] * 3)
+
+
+def test_clamp_interval_is_its_bounds():
+    from bnfold import ir as bir
+    from bnfold.analysis import Analysis
+    from bnfold.quant import region as walk
+
+    text = module(COMMUTES["stablehlo.clamp"]["nonzero_bounds"])
+    context = bir.make_context()
+    mod = bir.parse(text, context)
+    with context:
+        conv = next(op for op in mod.body.operations[0].regions[0].blocks[0].operations
+                    if op.operation.name == "stablehlo.convolution").operation
+        found = walk.walk(conv.results[0], 3, Analysis(mod), walk.unknown(3))
+    assert isinstance(found, walk.Region)
+    np.testing.assert_array_equal(found.reached[-1].interval.lo, [-1.5] * 3)
+    np.testing.assert_array_equal(found.reached[-1].interval.hi, [6.0] * 3)
+
+
+# --- shift laws: high-bias absorption through what follows the activation ----------------
+
+HBA = """
+func.func @main(%x: tensor<2x4x4x2xf64>) -> tensor<2x{out}x2xf64> {{
+  %k1 = stablehlo.constant dense<[[[[0.02, -0.01, 0.03], [0.01, 0.02, -0.02]]]]> : tensor<1x1x2x3xf64>
+  %y = stablehlo.convolution(%x, %k1) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<2x4x4x2xf64>, tensor<1x1x2x3xf64>) -> {T}
+  %g = stablehlo.constant dense<[0.5, 0.5, 0.25]> : tensor<3xf64>
+  %b = stablehlo.constant dense<[4.0, 0.2, 3.0]> : tensor<3xf64>
+  %m = stablehlo.constant dense<[0.0, 0.1, 0.0]> : tensor<3xf64>
+  %v = stablehlo.constant dense<[1.0, 1.0, 0.25]> : tensor<3xf64>
+  %n = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {{epsilon = 0.0 : f32, feature_index = 3 : i64}} : ({T}, tensor<3xf64>, tensor<3xf64>, tensor<3xf64>, tensor<3xf64>) -> {T}
+  %zero = stablehlo.constant dense<0.0> : tensor<f64>
+  %six = stablehlo.constant dense<6.0> : tensor<f64>
+  %a = stablehlo.clamp %zero, %n, %six : (tensor<f64>, {T}, tensor<f64>) -> {T}
+{post}
+  %k2 = stablehlo.constant dense<[[[[1.0, -2.0], [0.5, 0.1], [-1.0, 3.0]]]]> : tensor<1x1x3x2xf64>
+  %z = stablehlo.convolution(%r, %k2) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : ({rt}, tensor<1x1x3x2xf64>) -> tensor<2x{out}x2xf64>
+  return %z : tensor<2x{out}x2xf64>
+}}
+"""
+SHIFT_PASSES = {
+    "nothing": (f"  %r = stablehlo.convert %a : {T}", T, "4x4"),
+    "transpose_there_and_back": (
+        "  %t1 = stablehlo.transpose %a, dims = [0, 3, 1, 2] : (tensor<2x4x4x3xf64>) -> tensor<2x3x4x4xf64>\n"
+        f"  %r = stablehlo.transpose %t1, dims = [0, 2, 3, 1] : (tensor<2x3x4x4xf64>) -> {T}", T, "4x4"),
+    "max_pool": (
+        "  %ninf = stablehlo.constant dense<0xFFF0000000000000> : tensor<f64>\n"
+        f'  %r = "stablehlo.reduce_window"(%a, %ninf) {MAX_BODY} {{window_dimensions = array<i64: 1, 2, 2, 1>, '
+        'window_strides = array<i64: 1, 2, 2, 1>} '
+        f": ({T}, tensor<f64>) -> tensor<2x2x2x3xf64>", "tensor<2x2x2x3xf64>", "2x2"),
+    "mean_pool_unpadded": (
+        f"  %z0 = {ZERO}\n"
+        f'  %s = "stablehlo.reduce_window"(%a, %z0) {SUM_BODY} {{window_dimensions = array<i64: 1, 2, 2, 1>, '
+        'window_strides = array<i64: 1, 2, 2, 1>} '
+        f": ({T}, tensor<f64>) -> tensor<2x2x2x3xf64>\n"
+        "  %four = stablehlo.constant dense<4.0> : tensor<2x2x2x3xf64>\n"
+        "  %r = stablehlo.divide %s, %four : tensor<2x2x2x3xf64>", "tensor<2x2x2x3xf64>", "2x2"),
+    "scale_after": (f"  %c = {VEC}\n  %cb = stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}\n"
+                    f"  %r = stablehlo.multiply %a, %cb : {T}", T, "4x4"),
+}
+SHIFT_REFUSED = {
+    "second_relu_after_an_add": (
+        f"  %c = {VEC}\n  %cb = stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}\n"
+        f"  %a2 = stablehlo.add %a, %cb : {T}\n"
+        f"  %zb = stablehlo.broadcast_in_dim %zero, dims = [] : (tensor<f64>) -> {T}\n"
+        f"  %r = stablehlo.maximum %a2, %zb : {T}", T, "4x4"),
+    "explicit_pad": (
+        f"  %r = stablehlo.pad %a, %zero, low = [0, 1, 1, 0], high = [0, 1, 1, 0], interior = [0, 0, 0, 0] : ({T}, tensor<f64>) -> tensor<2x6x6x3xf64>",
+        "tensor<2x6x6x3xf64>", "6x6"),
+    "sum_pool_with_padding": (
+        f"  %z0 = {ZERO}\n"
+        f'  %r = "stablehlo.reduce_window"(%a, %z0) {SUM_BODY} {{window_dimensions = array<i64: 1, 3, 3, 1>, '
+        'padding = dense<[[0, 0], [1, 1], [1, 1], [0, 0]]> : tensor<4x2xi64>} '
+        f": ({T}, tensor<f64>) -> {T}", T, "4x4"),
+}
+
+
+def hba_module(post: tuple[str, str, str], activation: str | None = None) -> str:
+    lines, rt, out = post
+    text = HBA.format(post=lines, rt=rt, out=out, T=T)
+    return text if activation is None else text.replace(
+        f"  %a = stablehlo.clamp %zero, %n, %six : (tensor<f64>, {T}, tensor<f64>) -> {T}", activation)
+
+
+def within_three_sigma(text: str) -> list[np.ndarray]:
+    """Inputs whose pre-activation stays within 3 sigma of its batch norm (tiny inputs:
+    the BN output is beta, give or take 0.1 sigma)."""
+    return [np.random.default_rng(1).normal(0, 0.1, (2, 4, 4, 2))]
+
+
+def hba(text: str) -> tuple[bnfold.Folded, list[dict]]:
+    out = bnfold.fold_source(text, options=bnfold.FoldOptions(equalize=True, absorb_high_bias=True))
+    return out, [h for e in out.report.equalized for h in e.high_bias]
+
+
+@pytest.mark.parametrize("name", sorted(SHIFT_PASSES))
+def test_shift_law_passes_and_absorption_is_exact_within_three_sigma(name):
+    text = hba_module(SHIFT_PASSES[name])
+    out, records = hba(text)
+    assert [r["absorbed"] for r in records] == [True], records
+    xs = within_three_sigma(text)
+    expected, actual = run_xla(text, xs), run_xla(out.serialize().decode(), xs)
+    assert numerics.relative_error(actual[0], expected[0]) < 1e-12
+
+
+@pytest.mark.parametrize("name", sorted(SHIFT_REFUSED))
+def test_shift_law_refused_keeps_the_function(name):
+    text = hba_module(SHIFT_REFUSED[name])
+    out, records = hba(text)
+    assert records and not any(r["absorbed"] for r in records), records
+    assert all(r["reason"] and r["code"] for r in records)
+    xs = within_three_sigma(text)
+    expected, actual = run_xla(text, xs), run_xla(out.serialize().decode(), xs)
+    assert numerics.relative_error(actual[0], expected[0]) < 1e-12
+
+
+ACTIVATIONS = {  # mechanism 5 of issue 24: only a lower bound at 0 directly after the bias
+    "clamp_with_nonzero_lower_bound": (
+        "  %one = stablehlo.constant dense<1.0> : tensor<f64>\n"
+        f"  %a = stablehlo.clamp %one, %n, %six : (tensor<f64>, {T}, tensor<f64>) -> {T}", False),
+    "relu_as_select": (
+        f"  %z0 = stablehlo.constant dense<0.0> : {T}\n"
+        f"  %p = stablehlo.compare GT, %n, %z0 : ({T}, {T}) -> tensor<2x4x4x3xi1>\n"
+        f"  %a = stablehlo.select %p, %n, %z0 : tensor<2x4x4x3xi1>, {T}", True),
+    "threshold_relu": (
+        f"  %th = stablehlo.constant dense<0.5> : {T}\n  %z0 = stablehlo.constant dense<0.0> : {T}\n"
+        f"  %p = stablehlo.compare GT, %n, %th : ({T}, {T}) -> tensor<2x4x4x3xi1>\n"
+        f"  %a = stablehlo.select %p, %n, %z0 : tensor<2x4x4x3xi1>, {T}", False),
+    "relu6_as_max_min": (
+        f"  %zb = stablehlo.broadcast_in_dim %zero, dims = [] : (tensor<f64>) -> {T}\n"
+        f"  %sb = stablehlo.broadcast_in_dim %six, dims = [] : (tensor<f64>) -> {T}\n"
+        f"  %a0 = stablehlo.maximum %n, %zb : {T}\n  %a = stablehlo.minimum %a0, %sb : {T}", True),
+}
+
+
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_high_bias_absorption_takes_only_a_lower_bound_at_zero(name):
+    activation, absorbs = ACTIVATIONS[name]
+    text = hba_module(SHIFT_PASSES["nothing"], activation)
+    out, records = hba(text)
+    assert [r["absorbed"] for r in records] == [absorbs], records
+    xs = within_three_sigma(text)
+    expected, actual = run_xla(text, xs), run_xla(out.serialize().decode(), xs)
+    assert numerics.relative_error(actual[0], expected[0]) < 1e-12
+
+
+def test_high_bias_needs_its_bias_before_the_activation():
+    """An add after the activation is not layer 1's bias: taking c out of it (the old
+    behaviour) changed the output by up to 500%."""
+    text = HBA.format(post=f"  %r = stablehlo.convert %a : {T}", rt=T, out="4x4", T=T).replace(
+        f"  %a = stablehlo.clamp %zero, %n, %six : (tensor<f64>, {T}, tensor<f64>) -> {T}",
+        f"  %zb = stablehlo.broadcast_in_dim %zero, dims = [] : (tensor<f64>) -> {T}\n"
+        f"  %a0 = stablehlo.maximum %y, %zb : {T}\n"
+        f"  %c = {VEC}\n  %cb = stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}\n"
+        f"  %a = stablehlo.add %a0, %cb : {T}").replace("%n = ", "%unused = ")
+    out, records = hba(text)
+    assert not any(r.get("absorbed") for r in records), records
+    xs = within_three_sigma(text)
+    expected, actual = run_xla(text, xs), run_xla(out.serialize().decode(), xs)
+    assert numerics.relative_error(actual[0], expected[0]) < 1e-12

@@ -1,0 +1,281 @@
+"""Issue 24's wrong numbers and crashes, one regression each (public API only, judged
+against XLA and float64 numpy on the original; each failed on bnfold before the laws).
+
+1. forward fold across a narrowing convert: the raw input was rounded to bf16/f16 before
+   the mean was removed (151% error)
+2. a forward shift folded into a bias cancelled: (x - 1e4) / 3 lost 12 bits (1700x the
+   original's error)
+3. equalization through compare + select kept the threshold (19% error)
+4. equalization overflowed an f16 sum pool (inf where the original is 5.1e4)
+5. high-bias absorption outside its identity (a second ReLU after an add: 260% error)
+and the two crashes: a reduce_window whose base dilation touches the channel axis, and
+add(z, z) between two layers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bnfold
+import numerics
+from test_properties import run_xla
+
+CONV = ("dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} "
+        "{batch_group_count = 1 : i64, feature_group_count = 1 : i64}")
+
+
+def fold(text: str, **options) -> bnfold.Folded:
+    return bnfold.fold_source(text, options=bnfold.FoldOptions(**options))
+
+
+def outputs(text: str, xs: list[np.ndarray]) -> np.ndarray:
+    return run_xla(text, xs)[0].astype(np.float64)
+
+
+# --- 1. narrowing convert ------------------------------------------------------------------
+
+NARROWING = """
+func.func @main(%x: tensor<1x8x8x2xf32>) -> tensor<1x8x8x3xNARROW> {
+  %m = stablehlo.constant dense<[1000.0, 2000.0]> : tensor<2xf32>
+  %d = stablehlo.constant dense<[3.0, 5.0]> : tensor<2xf32>
+  %mb = stablehlo.broadcast_in_dim %m, dims = [3] : (tensor<2xf32>) -> tensor<1x8x8x2xf32>
+  %db = stablehlo.broadcast_in_dim %d, dims = [3] : (tensor<2xf32>) -> tensor<1x8x8x2xf32>
+  %c = stablehlo.subtract %x, %mb : tensor<1x8x8x2xf32>
+  %n = stablehlo.divide %c, %db : tensor<1x8x8x2xf32>
+  %nb = stablehlo.convert %n : (tensor<1x8x8x2xf32>) -> tensor<1x8x8x2xNARROW>
+  %k = stablehlo.constant dense<[[[[0.5, -0.25, 1.0], [0.75, 0.5, -1.0]]]]> : tensor<1x1x2x3xNARROW>
+  %y = stablehlo.convolution(%nb, %k) CONV : (tensor<1x8x8x2xNARROW>, tensor<1x1x2x3xNARROW>) -> tensor<1x8x8x3xNARROW>
+  return %y : tensor<1x8x8x3xNARROW>
+}
+""".replace("CONV", CONV)
+
+
+def raw_inputs(means: list[float], stds: list[float], seed: int = 0) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return [(np.array(means) + rng.normal(0, 1, (1, 8, 8, 2)) * np.array(stds)).astype(np.float32)]
+
+
+@pytest.mark.parametrize("narrow", ["bf16", "f16"])
+def test_forward_fold_never_moves_a_shift_across_a_narrowing_convert(narrow):
+    text = NARROWING.replace("NARROW", narrow)
+    out = fold(text)
+    xs = raw_inputs([1000.0, 2000.0], [3.0, 5.0])
+    expected, actual = outputs(text, xs), outputs(out.serialize().decode(), xs)
+    assert numerics.relative_error(actual, expected) <= numerics.tolerance(narrow)
+    [skip] = out.report.skipped
+    assert skip.code == "narrowing-convert" and "before the mean is removed" in skip.reason
+
+
+# --- 2. a forward shift that would cancel ---------------------------------------------------
+
+RAW = """
+func.func @main(%x: tensor<1x8x8x2xf32>) -> tensor<1x8x8x3xf32> {
+  %m = stablehlo.constant dense<[MEANS]> : tensor<2xf32>
+  %d = stablehlo.constant dense<[STDS]> : tensor<2xf32>
+  %mb = stablehlo.broadcast_in_dim %m, dims = [3] : (tensor<2xf32>) -> tensor<1x8x8x2xf32>
+  %db = stablehlo.broadcast_in_dim %d, dims = [3] : (tensor<2xf32>) -> tensor<1x8x8x2xf32>
+  %c = stablehlo.subtract %x, %mb : tensor<1x8x8x2xf32>
+  %n = stablehlo.divide %c, %db : tensor<1x8x8x2xf32>
+  %k = stablehlo.constant dense<[[[[0.3, -0.2, 0.1], [0.25, 0.15, -0.35]]]]> : tensor<1x1x2x3xf32>
+  %y = stablehlo.convolution(%n, %k) CONV : (tensor<1x8x8x2xf32>, tensor<1x1x2x3xf32>) -> tensor<1x8x8x3xf32>
+  return %y : tensor<1x8x8x3xf32>
+}
+""".replace("CONV", CONV)
+K = np.array([[0.3, -0.2, 0.1], [0.25, 0.15, -0.35]], dtype=np.float32).astype(np.float64)
+
+
+def raw(means: list[float], stds: list[float]) -> str:
+    return RAW.replace("MEANS", ", ".join(map(str, means))).replace("STDS", ", ".join(map(str, stds)))
+
+
+def float64_reference(xs: list[np.ndarray], means: list[float], stds: list[float]) -> np.ndarray:
+    x = xs[0].astype(np.float64)
+    return ((x - np.float32(means).astype(np.float64)) / np.float32(stds).astype(np.float64)) @ K
+
+
+def test_a_raw_data_shift_stays_before_the_producer_and_keeps_its_bits():
+    means, stds = [10000.0, 20000.0], [3.0, 5.0]
+    text = raw(means, stds)
+    out = fold(text)
+    [f] = out.report.folds
+    assert "shift stays as one add" in f.note and "cancel" in f.note
+    xs = raw_inputs(means, stds)
+    ref = float64_reference(xs, means, stds)
+    err_original = numerics.relative_error(outputs(text, xs), ref)
+    err_folded = numerics.relative_error(outputs(out.serialize().decode(), xs), ref)
+    eps = float(np.finfo(np.float32).eps)
+    assert err_folded <= 1.5 * err_original + eps, (err_folded, err_original)
+
+
+@pytest.mark.parametrize("means, stds", [
+    ([123.675, 116.28], [58.395, 57.12]),  # torchvision's mean/std on 0-255 pixels: |t| ~ 2.1
+    ([0.485, 0.456], [0.229, 0.224]),  # the same on [0, 1] pixels
+    ([127.5, 127.5], [127.5, 127.5]),  # Keras Rescaling(1/127.5, offset=-1): |t| = 1
+])
+def test_an_image_normalization_still_folds_its_shift(means, stds):
+    text = raw(means, stds)
+    out = fold(text)
+    [f] = out.report.folds
+    assert f.direction == "forward" and not f.note, f.note
+    assert "stablehlo.subtract" not in out.serialize().decode()
+    xs = raw_inputs(means, stds)
+    ref = float64_reference(xs, means, stds)
+    eps = float(np.finfo(np.float32).eps)
+    # The contract's shift rule: at most log2(1 + |t|) bits against the original.
+    assert numerics.relative_error(outputs(out.serialize().decode(), xs), ref) <= \
+        (1 + 2.2) * (numerics.relative_error(outputs(text, xs), ref) + eps)
+
+
+# --- 3. compare + select: the threshold is divided in the compared value's type -------------
+
+THRESHOLD = """
+func.func @main(%x: tensor<1x8x8x2xf32>) -> tensor<1x8x8x2xf32> {
+  %k1 = stablehlo.constant dense<[[[[10.0, 0.1], [5.0, -0.2]]]]> : tensor<1x1x2x2xf32>
+  %y = stablehlo.convolution(%x, %k1) CONV : (tensor<1x8x8x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x8x8x2xf32>
+  %t = stablehlo.constant dense<1.0> : tensor<1x8x8x2xf32>
+  %p = stablehlo.compare GT, %y, %t : (tensor<1x8x8x2xf32>, tensor<1x8x8x2xf32>) -> tensor<1x8x8x2xi1>
+  %z = stablehlo.constant dense<0.0> : tensor<1x8x8x2xf32>
+  %r = stablehlo.select %p, %y, %z : tensor<1x8x8x2xi1>, tensor<1x8x8x2xf32>
+  %k2 = stablehlo.constant dense<[[[[0.1, 0.2], [3.0, -4.0]]]]> : tensor<1x1x2x2xf32>
+  %o = stablehlo.convolution(%r, %k2) CONV : (tensor<1x8x8x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x8x8x2xf32>
+  return %o : tensor<1x8x8x2xf32>
+}
+""".replace("CONV", CONV)
+
+
+def test_equalization_rescales_a_threshold_in_the_compared_type():
+    out = fold(THRESHOLD, equalize=True)
+    assert out.report.equalized
+    xs = [np.abs(np.random.default_rng(1).normal(0, 1, (1, 8, 8, 2))).astype(np.float32)]
+    err = numerics.relative_error(outputs(out.serialize().decode(), xs), outputs(THRESHOLD, xs))
+    assert err < 1e-5
+
+
+# --- 4. equalization must not overflow narrow activations -------------------------------------
+
+F16_POOL = """
+func.func @main(%x: tensor<1x16x16x2xf16>) -> tensor<1x1x1x2xf16> {
+  %k1 = stablehlo.constant dense<[[[[0.0001, 0.001], [0.0001, 0.001]]]]> : tensor<1x1x2x2xf16>
+  %y = stablehlo.convolution(%x, %k1) CONV : (tensor<1x16x16x2xf16>, tensor<1x1x2x2xf16>) -> tensor<1x16x16x2xf16>
+  %z = stablehlo.constant dense<0.0> : tensor<f16>
+  %zb = stablehlo.broadcast_in_dim %z, dims = [] : (tensor<f16>) -> tensor<1x16x16x2xf16>
+  %r = stablehlo.maximum %y, %zb : tensor<1x16x16x2xf16>
+  %s = "stablehlo.reduce_window"(%r, %z) ({
+    ^bb0(%a: tensor<f16>, %b: tensor<f16>):
+      %q = stablehlo.add %a, %b : tensor<f16>
+      stablehlo.return %q : tensor<f16>
+  }) {window_dimensions = array<i64: 1, 16, 16, 1>} : (tensor<1x16x16x2xf16>, tensor<f16>) -> tensor<1x1x1x2xf16>
+  %k2 = stablehlo.constant dense<[[[[1000.0, 500.0], [0.001, 0.002]]]]> : tensor<1x1x2x2xf16>
+  %o = stablehlo.convolution(%s, %k2) CONV : (tensor<1x1x1x2xf16>, tensor<1x1x2x2xf16>) -> tensor<1x1x1x2xf16>
+  return %o : tensor<1x1x1x2xf16>
+}
+""".replace("CONV", CONV)
+
+
+def test_equalization_never_overflows_an_f16_sum_pool():
+    out = fold(F16_POOL, equalize=True)
+    xs = [np.full((1, 16, 16, 2), 1000.0, np.float16)]
+    expected = outputs(F16_POOL, xs)
+    actual = outputs(out.serialize().decode(), xs)
+    assert np.all(np.isfinite(expected))
+    assert np.all(np.isfinite(actual)), (actual, out.report.table())
+    assert numerics.relative_error(actual, expected) <= numerics.tolerance("f16")
+    if not out.report.equalized:
+        assert [s.code for s in out.report.not_equalized] == ["range"]
+
+
+# --- 5. high-bias absorption outside its identity ----------------------------------------------
+
+HBA = """
+func.func @main(%x: tensor<2x4x4x2xf32>) -> tensor<2x4x4x2xf32> {
+  %k1 = stablehlo.constant dense<[[[[0.02, -0.01, 0.03], [0.01, 0.02, -0.02]]]]> : tensor<1x1x2x3xf32>
+  %y = stablehlo.convolution(%x, %k1) CONV : (tensor<2x4x4x2xf32>, tensor<1x1x2x3xf32>) -> tensor<2x4x4x3xf32>
+  %g = stablehlo.constant dense<[0.5, 0.5, 0.25]> : tensor<3xf32>
+  %b = stablehlo.constant dense<[4.0, 0.2, 3.0]> : tensor<3xf32>
+  %m = stablehlo.constant dense<[0.0, 0.1, 0.0]> : tensor<3xf32>
+  %v = stablehlo.constant dense<[1.0, 1.0, 0.25]> : tensor<3xf32>
+  %n = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {epsilon = 0.0 : f32, feature_index = 3 : i64} : (tensor<2x4x4x3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>, tensor<3xf32>) -> tensor<2x4x4x3xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %zb = stablehlo.broadcast_in_dim %zero, dims = [] : (tensor<f32>) -> tensor<2x4x4x3xf32>
+REGION
+  %k2 = stablehlo.constant dense<[[[[1.0, -2.0], [0.5, 0.1], [-1.0, 3.0]]]]> : tensor<1x1x3x2xf32>
+  %z = stablehlo.convolution(%r, %k2) CONV : (tensor<2x4x4x3xf32>, tensor<1x1x3x2xf32>) -> tensor<2x4x4x2xf32>
+  return %z : tensor<2x4x4x2xf32>
+}
+""".replace("CONV", CONV)
+HBA_REGIONS = {
+    "second_relu_after_an_add": """
+  %a1 = stablehlo.maximum %n, %zb : tensor<2x4x4x3xf32>
+  %c2 = stablehlo.constant dense<-2.0> : tensor<2x4x4x3xf32>
+  %a2 = stablehlo.add %a1, %c2 : tensor<2x4x4x3xf32>
+  %r = stablehlo.maximum %a2, %zb : tensor<2x4x4x3xf32>""",
+    "clamp_lower_bound_one": """
+  %one = stablehlo.constant dense<1.0> : tensor<f32>
+  %six = stablehlo.constant dense<6.0> : tensor<f32>
+  %r = stablehlo.clamp %one, %n, %six : (tensor<f32>, tensor<2x4x4x3xf32>, tensor<f32>) -> tensor<2x4x4x3xf32>""",
+    "relu_then_clamp_from_one": """
+  %a1 = stablehlo.maximum %n, %zb : tensor<2x4x4x3xf32>
+  %one = stablehlo.constant dense<1.0> : tensor<f32>
+  %six = stablehlo.constant dense<6.0> : tensor<f32>
+  %r = stablehlo.clamp %one, %a1, %six : (tensor<f32>, tensor<2x4x4x3xf32>, tensor<f32>) -> tensor<2x4x4x3xf32>""",
+}
+
+
+@pytest.mark.parametrize("name", sorted(HBA_REGIONS))
+def test_high_bias_absorption_stays_within_its_identity(name):
+    text = HBA.replace("REGION", HBA_REGIONS[name])
+    out = fold(text, equalize=True, absorb_high_bias=True)
+    # Inputs whose pre-activation is within 3 sigma: tiny x, the batch norm gives ~beta.
+    xs = [np.random.default_rng(0).normal(0, 1, (2, 4, 4, 2)).astype(np.float32)]
+    err = numerics.relative_error(outputs(out.serialize().decode(), xs), outputs(text, xs))
+    assert err < 1e-5, out.report.table()
+
+
+# --- the crashes --------------------------------------------------------------------------------
+
+DILATED = """
+func.func @main(%x: tensor<1x4x4x2xf32>) -> tensor<1x3x3x2xf32> {
+  %k1 = stablehlo.constant dense<[[[[1.0, 0.01], [2.0, 0.02]]]]> : tensor<1x1x2x2xf32>
+  %y = stablehlo.convolution(%x, %k1) CONV : (tensor<1x4x4x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x4x4x2xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %r = "stablehlo.reduce_window"(%y, %z) ({
+    ^bb0(%a: tensor<f32>, %b: tensor<f32>):
+      %q = stablehlo.add %a, %b : tensor<f32>
+      stablehlo.return %q : tensor<f32>
+  }) {window_dimensions = array<i64: 1, 2, 2, 1>, base_dilations = array<i64: 1, 1, 1, 2>} : (tensor<1x4x4x2xf32>, tensor<f32>) -> tensor<1x3x3x3xf32>
+  %k2 = stablehlo.constant dense<[[[[0.01, 0.02], [3.0, 4.0], [1.0, 1.0]]]]> : tensor<1x1x3x2xf32>
+  %o = stablehlo.convolution(%r, %k2) CONV : (tensor<1x3x3x3xf32>, tensor<1x1x3x2xf32>) -> tensor<1x3x3x2xf32>
+  return %o : tensor<1x3x3x2xf32>
+}
+""".replace("CONV", CONV)
+TWICE = """
+func.func @main(%x: tensor<1x4x4x2xf32>) -> tensor<1x4x4x2xf32> {
+  %k1 = stablehlo.constant dense<[[[[1.0, 0.01], [2.0, 0.02]]]]> : tensor<1x1x2x2xf32>
+  %y = stablehlo.convolution(%x, %k1) CONV : (tensor<1x4x4x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x4x4x2xf32>
+  %g = stablehlo.constant dense<[2.0, 0.5]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[40.0, 3.0]> : tensor<2xf32>
+  %m = stablehlo.constant dense<[0.0, 0.1]> : tensor<2xf32>
+  %v = stablehlo.constant dense<[1.0, 0.25]> : tensor<2xf32>
+  %n = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {epsilon = 0.0 : f32, feature_index = 3 : i64} : (tensor<1x4x4x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x4x4x2xf32>
+  %zz = stablehlo.constant dense<0.0> : tensor<1x4x4x2xf32>
+  %q = stablehlo.maximum %n, %zz : tensor<1x4x4x2xf32>
+  %k2 = stablehlo.constant dense<[[[[0.01, 0.02], [3.0, 4.0]]]]> : tensor<1x1x2x2xf32>
+  %z = stablehlo.convolution(%q, %k2) CONV : (tensor<1x4x4x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x4x4x2xf32>
+  %w = stablehlo.add %z, %z : tensor<1x4x4x2xf32>
+  %q2 = stablehlo.maximum %w, %zz : tensor<1x4x4x2xf32>
+  %k3 = stablehlo.constant dense<[[[[5.0, 0.2], [0.1, 7.0]]]]> : tensor<1x1x2x2xf32>
+  %o = stablehlo.convolution(%q2, %k3) CONV : (tensor<1x4x4x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x4x4x2xf32>
+  return %o : tensor<1x4x4x2xf32>
+}
+""".replace("CONV", CONV)  # a triplet whose second link starts with add(z, z): not a bias
+
+
+@pytest.mark.parametrize("text", [DILATED, TWICE], ids=["base_dilation_on_channels", "add_z_z"])
+def test_no_internal_error_and_the_function_is_kept(text):
+    for options in ({}, {"equalize": True}, {"equalize": True, "absorb_high_bias": True}):
+        out = fold(text, **options)
+        # Small inputs: the pre-activations stay within 3 sigma (high-bias absorption).
+        xs = [np.random.default_rng(2).normal(0, 0.1, (1, 4, 4, 2)).astype(np.float32)]
+        err = numerics.relative_error(outputs(out.serialize().decode(), xs), outputs(text, xs))
+        assert err < 1e-5, (options, out.report.table())
