@@ -231,3 +231,134 @@ def test_one_helper_called_twice_with_other_kernels_gets_a_copy_per_call_site():
     assert "call @conv" not in folded
     x = RNG.normal(size=(1, 8, 8, 2)).astype(np.float32)
     numerics.check_close(numerics.run_xla(folded, [x]), numerics.run_xla(SHARED_HELPER, [x]))
+
+
+# --- issue 26: a symbolic batch after the fold ------------------------------------------------
+
+def _normalized_stem(x):
+    """An input normalization and a batch norm around the same convolution."""
+    p = PARAMS[0]
+    z = (x - jnp.array([0.4, 0.5, 0.6])) / jnp.array([0.2, 0.25, 0.3])
+    return _bn(_conv(z, p["k"]), p)
+
+
+def test_symbolic_batch_merges_both_folds_into_one_bias():
+    """The backward fold's dynamic bias reads the folded producer's runtime shape; that shape
+    query must not keep the forward fold from merging its bias into the same add."""
+    exported = jax.export.export(jax.jit(_normalized_stem))(SYMBOLIC)
+    folded, report = bnfold.fold_text(exported.mlir_module())
+    assert sorted(f.direction for f in report.folds) == ["backward", "forward"], report.dumps()
+    names = support.op_names(folded)
+    assert names.count("stablehlo.convolution") == 1
+    assert names.count("stablehlo.add") == 1, names  # one bias: both folds merged
+    again, second = bnfold.fold_text(folded)
+    assert again == folded and not second.folds
+    for batch in (1, 3):
+        shape = [batch, 8, 8, 3]
+        x = RNG.normal(size=shape).astype(np.float32)
+        out = numerics.run_xla(support.refined(folded, shape), [x])
+        numerics.check_close(out, [np.asarray(_normalized_stem(x))])
+
+
+def test_symbolic_batch_equalizes():
+    """--equalize on a shape-polymorphic export: the shape queries of the dynamic biases are
+    no fan-out (they read no values)."""
+    exported = jax.export.export(jax.jit(lambda x: _apply(PARAMS, x)))(SYMBOLIC)
+    out = bnfold.fold_source(exported.mlir_module(), options=bnfold.FoldOptions(equalize=True))
+    assert out.report.equalized, out.report.table()
+    assert not any("get_dimension_size" in s.reason for s in out.report.not_equalized)
+    x = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    numerics.check_close(numerics.run_xla(support.refined(out.serialize().decode(), [2, 8, 8, 3]), [x]),
+                         [np.asarray(_apply(PARAMS, x))])
+
+
+# --- issue 26: helpers inside helpers -------------------------------------------------------
+
+
+def _nest(fn, levels: int):
+    """`fn` behind `levels` jax.jit wrappers (each a private function calling the next)."""
+    for _ in range(levels):
+        fn = jax.jit(lambda *a, inner=fn: inner(*a))
+    return fn
+
+
+@pytest.mark.parametrize("levels", [3, 4])
+def test_a_producer_nested_in_helpers_folds(levels):
+    conv = _nest(_conv, levels)
+
+    def f(x):
+        return jax.nn.relu(_bn(conv(x, PARAMS[0]["k"]), PARAMS[0]))
+
+    x = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    text = jax.jit(f).lower(x).as_text()
+    assert text.count("func.func private") >= levels  # JAX kept every level
+    folded, report = support.fold(text)
+    assert len(report.folds) == 1 and not report.skipped, report.dumps()
+    assert len(report.inlined) == levels, report.inlined  # one per level, then gone
+    calls = [line for line in folded.splitlines() if "call @" in line]
+    assert all("@relu" in line for line in calls), calls  # only the activation stays a call
+    assert _no_norm_ops(folded.split("func.func private")[0])
+    numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(f(x))])
+
+
+def test_an_explicit_pad_through_nested_helpers_folds_forward():
+    """`jnp.pad` in a jitted helper inside another, between an input normalization and a
+    VALID convolution: the pad becomes the convolution's padding, the shift a border
+    correction."""
+    pad = _nest(lambda x: jnp.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0))), 2)
+    k = PARAMS[0]["k"]
+
+    def f(x):
+        z = (x - jnp.array([0.4, 0.5, 0.6])) / jnp.array([0.2, 0.25, 0.3])
+        return jax.lax.conv_general_dilated(pad(z), k, (1, 1), "VALID",
+                                            dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+    x = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    text = jax.jit(f).lower(x).as_text()
+    folded, report = support.fold(text)
+    assert [fo.direction for fo in report.folds] == ["forward"], report.dumps()
+    assert "call @" not in folded and "stablehlo.pad" not in folded
+    numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(f(x))])
+
+
+@pytest.mark.parametrize("levels", [1, 2])
+def test_a_skipped_helper_is_neither_folded_nor_inlined_nor_removed(levels):
+    conv = _nest(_conv, levels)
+
+    def f(x):
+        return _bn(conv(x, PARAMS[0]["k"]), PARAMS[0])
+
+    x = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    text = jax.jit(f).lower(x).as_text()
+    helpers = [line.split("@")[1].split("(")[0].strip('"') for line in text.splitlines()
+               if "func.func private" in line and "relu" not in line]
+    folded, report = support.fold(text, skip_functions=set(helpers))
+    assert not report.folds and not report.inlined, report.dumps()
+    for name in helpers:
+        assert f'func.func private @"{name}"' in folded or f"func.func private @{name}" in folded
+    assert report.skipped  # the normalization in @main is explained
+    numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(f(x))])
+
+
+def _classifier(x):
+    """A stem, a mean pool and a classifier: the pool's divide folds forward into it."""
+    y = jax.nn.relu(_bn(_conv(x, PARAMS[0]["k"]), PARAMS[0]))
+    pooled = jnp.mean(y, axis=(1, 2))
+    w = np.random.default_rng(9).normal(size=(8, 4)).astype(np.float32)
+    return pooled @ w
+
+
+def test_multi_platform_export_folds_forward_into_every_branch():
+    """The same folds with and without the per-platform `case`: the mean pool's divide
+    (outside the case) folds into the classifier of each branch."""
+    x = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    single = jax.export.export(jax.jit(_classifier))(x)
+    multi = jax.export.export(jax.jit(_classifier), platforms=("cpu", "cuda"))(x)
+    assert "stablehlo.case" in multi.mlir_module()
+    _, one = fold_exported(single, argnums=())
+    folded, both = fold_exported(multi, argnums=())
+    directions = sorted(f.direction for f in both.folds)
+    assert directions == sorted(f.direction for f in one.folds) == ["backward", "forward"], \
+        both.dumps()
+    assert not both.skipped and "stablehlo.divide" not in folded.mlir_module()
+    numerics.check_close([np.asarray(folded.call(x))], [np.asarray(_classifier(x))])

@@ -3,7 +3,9 @@
     constants   `Evaluator`: float64 values of constant subgraphs (by value)
     steps       each op as an affine chain step (`bnfold.affine.as_step`)
     liveness    which ops survive the cleanup: replaced ops (tombstones) and
-                side-effect-free ops whose every user is dead do not count
+                side-effect-free ops whose every user is dead do not count; nor
+                does a shape query (`get_dimension_size`: it reads no values, only
+                a shape no fold changes -- a symbolic batch's dynamic bias adds one)
 
 Liveness matters for correctness: a fold is only allowed when the producer's
 result has no other *live* user. A user that is dead code is removed by the
@@ -25,6 +27,7 @@ from bnfold.ir import ir, op_id
 from bnfold.rewriter import Handle, Rewriter
 
 _MAX_DEAD_DEPTH = 64
+SHAPE_QUERIES = frozenset({"stablehlo.get_dimension_size"})
 
 
 class Analysis:
@@ -70,15 +73,17 @@ class Analysis:
         return all(self._is_dead(u, depth + 1) for r in op.results for u in users(r))
 
     def live_users(self, value: ir.Value) -> list[ir.Operation]:
-        """The users of `value` that survive the cleanup."""
+        """The users of `value` that survive the cleanup and read its values."""
         uses = iter(value.uses)
         first = next(uses, None)
         if first is None:
             return []
         if next(uses, None) is None:  # the common case: one user
             owner = as_operation(first.owner)
-            return [] if owner is None or self.rewriter.is_replaced(owner) else [owner]
-        return [u for u in users(value) if not self.is_dead(u)]
+            if owner is None or self.rewriter.is_replaced(owner) or owner.name in SHAPE_QUERIES:
+                return []
+            return [owner]
+        return [u for u in users(value) if u.name not in SHAPE_QUERIES and not self.is_dead(u)]
 
     def sole_live_user(self, value: ir.Value) -> ir.Operation | None:
         found = self.live_users(value)

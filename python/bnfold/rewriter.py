@@ -35,7 +35,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import NewType, Protocol
 
-from bnfold.graph import callee_name, function_name, functions, is_private, is_pure, symbol_name
+from bnfold.graph import (
+    callee_name,
+    function_name,
+    functions,
+    is_private,
+    is_pure,
+    symbol_name,
+    users,
+)
 from bnfold.ir import ir, op_id, rewrite
 
 Handle = NewType("Handle", int)
@@ -152,9 +160,15 @@ class Rewriter:
 
     def supersede(self, old: ir.Operation, new: ir.Operation) -> None:
         """`new` takes over `old`'s role (a folded producer: its records move to `new`);
-        `old` keeps its uses, all dead, and goes with the cleanup."""
+        `old` keeps its uses, all dead, and goes with the cleanup. Shape queries of
+        `old`'s results move to `new`'s (the same shapes), so nothing keeps `old` alive."""
         handle, after = self.handle(old), self.handle(new)
         self._successors[handle] = new
+        for result, successor in zip(old.results, new.results, strict=True):
+            for query in [u for u in users(result) if u.name == "stablehlo.get_dimension_size"]:
+                with ir.InsertionPoint(query):
+                    moved = self.clone(query, {0: successor})
+                self.replace_op(query, list(moved.results), successor=moved)
         for listener in self._listeners:
             listener.on_replace(handle, after)
 

@@ -76,12 +76,14 @@ NAME = "forward-affine"
 
 @dataclass(frozen=True)
 class Match:
-    """A chain that ends at a producer's activation operand."""
+    """A chain that ends at a producer's activation operand (at every branch's producer,
+    when a multi-platform `case` reads the chain's result once per branch)."""
 
     producer: ir.Operation
     act_index: int
     steps: tuple[Step, ...]  # first step first; ends at the producer's activation
     pad: ir.Operation | None = None  # an explicit zero pad between the chain and a convolution
+    others: tuple[ir.Operation, ...] = ()  # the same producer in the other branches
     # Steps before a narrowing convert: they stay where they are (their rounding too).
     upstream: tuple[Step, ...] = ()
     narrowing: Refusal | None = None
@@ -121,6 +123,7 @@ class Plan:
     padding: np.ndarray | None = None
     # The shift's output through zero padding: varies near the borders.
     correction: border.Correction | None = None
+    others: tuple[Plan, ...] = ()  # the folds of the other branches' producers
 
 
 def find(producer: ir.Operation, analysis: Analysis) -> Match | None:
@@ -130,18 +133,24 @@ def find(producer: ir.Operation, analysis: Analysis) -> Match | None:
         return None
     steps: list[Step] = []
     value = producer.operands[act_index]
-    pad = _zero_pad(producer, value, analysis)
+    leaves = _leaves(producer, value, act_index, analysis)
+    if leaves is None or leaves[0] != producer:
+        return None  # not a chain's only reader, or another branch's producer matches for all
+    home = producer.block if len(leaves) == 1 else leaves[0].parent.block  # type: ignore[union-attr]
+    pad = _zero_pad(producer, value, analysis) if len(leaves) == 1 else None
     if pad is not None:
         value = pad.operands[0]
-    while len(analysis.live_users(value)) == 1:
+    readers = len(leaves) if pad is None else 1
+    while len(analysis.live_users(value)) == readers:
         owner = defining_op(value)
-        if owner is None or owner.block != producer.block:
+        if owner is None or owner.block != home:
             break
         step = analysis.step(owner)
         if step is None:
             break
         steps.append(step)
         value = step.x
+        readers = 1
     # What follows a step with a parameter operand can still fold. When nothing
     # does, the whole chain stays, so that the plan tells to bind parameters.
     first_parameter = next((i for i, s in enumerate(steps) if s.parameter is not None), None)
@@ -152,7 +161,32 @@ def find(producer: ir.Operation, analysis: Analysis) -> Match | None:
         steps.pop(0)
     if not steps:
         return None
-    return Match(producer, act_index, tuple(steps), pad)
+    return Match(producer, act_index, tuple(steps), pad, leaves[1:])
+
+
+_BRANCHING = ("stablehlo.case", "stablehlo.if")
+
+
+def _leaves(producer: ir.Operation, value: ir.Value, act_index: int, analysis: Analysis
+            ) -> tuple[ir.Operation, ...] | None:
+    """The producers that read `value` as their activation: this one alone, or one per
+    branch of the `case`/`if` whose branches each compute it (a multi-platform export),
+    in branch order; None when anything else reads it."""
+    readers = analysis.live_users(value)
+    if readers == [producer]:
+        return (producer,)
+    parent = producer.parent  # the op whose region holds the producer
+    if parent is None or parent.name not in _BRANCHING or len(readers) != len(parent.regions):
+        return None
+    found: dict[int, ir.Operation] = {}
+    for reader in readers:
+        index = next((i for i, r in enumerate(parent.regions) if r.blocks[0] == reader.block),
+                     None)
+        if index is None or index in found or reader.name != producer.name or \
+                reader.operands[act_index] != value:
+            return None
+        found[index] = reader
+    return tuple(found[i] for i in range(len(parent.regions)))
 
 
 def _narrowing(steps: list[Step]) -> int | None:
@@ -237,7 +271,24 @@ def _padding(m: Match) -> np.ndarray | None:
 
 def plan(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
          ) -> Plan | Refusal | None:
-    """The fold of `m`, or why it cannot fold (None: nothing worth folding)."""
+    """The fold of `m` (into each branch's producer too), or why it cannot fold
+    (None: nothing worth folding)."""
+    first = _plan_one(m, analysis, pad_uniform_shift=pad_uniform_shift)
+    if not isinstance(first, Plan) or not m.others:
+        return first
+    others: list[Plan] = []
+    for leaf in m.others:
+        other = _plan_one(replace(m, producer=leaf, others=()), analysis,
+                          pad_uniform_shift=pad_uniform_shift)
+        if not isinstance(other, Plan):
+            return other
+        others.append(other)
+    return replace(first, others=tuple(others))
+
+
+def _plan_one(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
+              ) -> Plan | Refusal | None:
+    """The fold of `m` into `m.producer`."""
     m = _split_at_narrowing(m, analysis)
     while m.steps and m.steps[0].name in affine.LAYOUT:
         m = replace(m, steps=m.steps[1:])
@@ -542,14 +593,23 @@ def _explicit_pad(value: ir.Value, pad_value: float, low: list[int], high: list[
 
 @dataclass(frozen=True)
 class Applied:
-    """What `apply` built: the op that names the normalization and the folded producer."""
+    """What `apply` built: the op that names the normalization and the folded producer
+    (and, in a multi-platform export, the other branches' producers)."""
 
     norm: ir.Operation
     producer: ir.Operation
+    others: tuple[ir.Operation, ...] = ()
 
 
 def build(rewriter: Rewriter, p: Plan) -> Applied:
-    """Builds the folded producer (and merged bias); replaces the root."""
+    """Builds the folded producer(s) (and merged bias); replaces the root(s)."""
+    applied = _build_one(rewriter, p)
+    others = tuple(_build_one(rewriter, other).producer for other in p.others)
+    return replace(applied, others=others)
+
+
+def _build_one(rewriter: Rewriter, p: Plan) -> Applied:
+    """Builds one folded producer (and merged bias); replaces its root."""
     op, steps = p.match.producer, list(p.match.steps)
     norm = affine.norm_op(steps)
     with ir.InsertionPoint(op):
@@ -644,6 +704,8 @@ class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
             fold_record(ctx.ledger, applied.producer, applied.norm, plan.affine, "forward",
                         plan.kernel.worst_relative_rounding, list(m.steps)),
             [s.op for s in m.steps], producer=applied.producer)
+        for other in applied.others:  # the other branches of a multi-platform case
+            ctx.ledger.fold_carried_by(fold, other)
         ctx.ledger.forward_producers.append((fold, applied.producer))
         consumed = list(plan.merge.ops) if plan.merge is not None else []
         if m.pad is not None:

@@ -22,6 +22,7 @@ is a refusal naming the op and where it is.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -38,8 +39,7 @@ from bnfold.refusal import Code, Refusal
 MAX_REGION_OPS = 64
 
 
-@dataclass(frozen=True)
-class Reached:
+class Reached(NamedTuple):
     """A value inside the region: its channel axis and the original's interval there."""
 
     value: ir.Value
