@@ -706,3 +706,89 @@ def test_folding_the_folded_output_changes_nothing(source, cli, tmp_path):
     second = cli("-q", first)
     assert second.rc == 0
     assert second.out == first.read_bytes()
+
+
+# --- what a new user tripped over (issue 26; each fails on 2e74257) -----------------------
+
+
+def test_a_directory_as_input_is_one_line_like_split_input_file(cli_tmpdir, tmp_path):
+    """No traceback from the crash handler reopening the path, no reproducer directory."""
+    folder = tmp_path / "models"
+    folder.mkdir()
+    plain = cli_subprocess(folder)
+    split = cli_subprocess(folder, "--split-input-file")
+    for result in (plain, split):
+        assert result.rc == 1
+        assert result.err.splitlines() == [f"bnfold-opt: error: cannot read '{folder}': "
+                                           "Is a directory"], result.err
+    assert reproducers(cli_tmpdir) == []
+
+
+def test_a_crash_on_stdin_saves_the_input_it_read(cli, cli_tmpdir, monkeypatch):
+    monkeypatch.setattr("bnfold.pipeline.fold_module", _crash)
+    result = cli("-", "--disable", "forward-affine", stdin=CONV_BN.read_bytes())
+    assert result.rc == 1
+    (repro,) = reproducers(cli_tmpdir)
+    saved = cli_tmpdir / repro / "input"
+    assert saved.read_bytes() == CONV_BN.read_bytes()
+    command = next(line for line in result.err.splitlines() if line.startswith("  bnfold-opt"))
+    assert command.split() == ["bnfold-opt", str(saved), "--disable", "forward-affine"]
+
+
+@pytest.mark.parametrize("pipeline, expected", [
+    ("builtin.module(no-such-pass)", r"'no-such-pass' does not refer to a registered pass.*"
+                                     r"bnfold-equalize"),
+    ("builtin.module(func.func(bnfold-fold))", r"bnfold's passes run on modules"),
+    ("builtin.module(bnfold-fold{no-such-option=1})", r"bnfold-fold has no option no-such-option"),
+])
+def test_pass_pipeline_errors_name_the_program(pipeline, expected, cli):
+    result = cli(CONV_BN, "--pass-pipeline", pipeline)
+    assert result.rc == 1 and result.out == b""
+    assert result.err.startswith("bnfold-opt: --pass-pipeline: error: "), result.err
+    assert re.search(expected, result.err), result.err
+
+
+def test_help_lists_every_pass_with_its_options(cli):
+    text = cli("--help").out.decode()
+    passes = text[text.index("passes (for --pass-pipeline"):text.index("examples:")]
+    for spec in bnfold.patterns.PASSES:
+        assert re.search(rf"^  {re.escape(spec.name)} ", passes, re.MULTILINE), spec.name
+        for option in spec.option_names():
+            assert option in passes, (spec.name, option)
+    assert "bnfold-equalize" in passes
+
+
+def test_bind_params_that_are_not_an_npz_archive(cli, tmp_path):
+    pickled = tmp_path / "params.npz"
+    pickled.write_bytes(b"\x80\x04\x95not a zip archive")  # what np.load takes for a pickle
+    text = tmp_path / "params.txt"
+    text.write_text("arg1 = [1, 2, 3]\n")
+    for path in (pickled, text):
+        result = cli(PARAMS_ARGS, "--bind-params", path)
+        assert result.rc == 1
+        assert result.err.startswith(f"bnfold-opt: {path}: error: not an .npz archive"), result.err
+        assert "pickle" not in result.err
+
+
+def test_a_truncated_portable_artifact_names_its_file(cli, tmp_path):
+    artifact = tmp_path / "model.bin"
+    assert cli("-q", CONV_BN, "--emit", "portable", "-o", artifact).rc == 0
+    truncated = tmp_path / "truncated.bin"
+    truncated.write_bytes(artifact.read_bytes()[:len(artifact.read_bytes()) // 2])
+    result = cli_subprocess(truncated)
+    assert result.rc == 1 and result.out == b""
+    first = result.err.splitlines()[0]
+    assert first.startswith(f"{truncated}: error: "), result.err
+    assert 'loc("-"' not in result.err and "Traceback" not in result.err
+    from_stdin = cli_subprocess("-", stdin=truncated.read_bytes())
+    assert from_stdin.err.splitlines()[0].startswith("<stdin>: error: "), from_stdin.err
+
+
+def test_the_summary_hint_says_which_argument_blocks_the_fold(cli):
+    kernel = cli(TESTDATA / "nofold_kernel_arg.mlir").err
+    assert "every normalized producer's kernel is a function argument" in kernel
+    assert "parameters" not in kernel
+    params = cli(NOFOLD_STATS).err
+    assert "every normalization's parameters are function arguments" in params
+    for err in (kernel, params):
+        assert "--bind-params FILE.npz" in err

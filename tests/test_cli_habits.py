@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import subprocess
 import sys
 
@@ -70,9 +72,42 @@ def test_report_format_text_is_a_table(tmp_path):
     proc = run("-q", CONV_BN, "-o", tmp_path / "out.mlir", "--report", "-",
                "--report-format", "text")
     lines = proc.stdout.decode().splitlines()
-    assert lines[0].split() == ["fold", "direction", "producer", "norm", "channels", "kind"]
-    assert lines[1].startswith("fold0") and "backward" in lines[1]
+    assert lines[0].split() == ["fold", "direction", "producer", "norm", "channels", "rounding",
+                                "kind"]
+    row = lines[1].split()
+    assert row[0] == "fold0" and row[1] == "backward" and row[-1] == "normalization"
+    report = json.loads(run("-q", CONV_BN, "-o", tmp_path / "out.mlir", "--report", "-").stdout)
+    assert row[-2] == f"{report['folds'][0]['kernel_rounding']:.1e}"
     assert "nothing skipped" in lines and lines[-1].startswith("folded 1 normalization(s)")
+
+
+def test_report_format_text_shows_each_folds_note(tmp_path):
+    """What stayed of a fold (a border correction, a kept shift) is in the text report too
+    (issue 26: it was only in the JSON)."""
+    stem = support.MODELS / "torchax_normalized_stem_nchw.mlir"
+    text = run("-q", stem, "-o", tmp_path / "out.mlir", "--report", "-",
+               "--report-format", "text").stdout.decode()
+    report = json.loads(run("-q", stem, "-o", tmp_path / "out.mlir", "--report", "-").stdout)
+    noted = [f for f in report["folds"] if f.get("note")]
+    assert noted, "the normalized stem's input shift folds through the padding with a note"
+    for fold in noted:
+        assert re.search(rf"^{fold['id']}\s+{re.escape(fold['note'])}$", text, re.MULTILINE), text
+
+
+def test_only_chains_that_normalize_count_as_normalizations(tmp_path):
+    """EfficientNet's stem has 3 batch norms and 1 input normalization; its squeeze-excitation
+    conv bias + sigmoid's negate and its mean pool's divide are other affine folds
+    (issue 26: the negate was counted as a fifth normalization)."""
+    stem = support.MODELS / "keras_efficientnet_stem_nhwc.mlir"
+    proc = run(stem, "-o", tmp_path / "out.mlir", "--report", tmp_path / "r.json")
+    assert "folded 4 normalization(s)" in proc.stderr.decode()
+    assert "(+2 other affine: 1 divide folded forward, 1 negate folded backward)" in \
+        proc.stderr.decode()
+    kinds = {(f["norm"].rsplit("/", 2)[-2], f["kind"])
+             for f in json.loads((tmp_path / "r.json").read_text())["folds"]}
+    assert kinds == {("stem_bn", "normalization"), ("block1a_bn", "normalization"),
+                     ("block1a_project_bn", "normalization"), ("rescaling", "normalization"),
+                     ("block1a_se_expand", "affine"), ("block1a_se_squeeze", "affine")}
 
 
 def test_summary_separates_batch_norms_from_other_affine_folds(tmp_path):

@@ -100,6 +100,8 @@ def test_fold_exported_end_to_end(name):
 
     restored = jax.export.deserialize(folded.serialize())
     support.numerics.check_close([np.asarray(restored.call(x))], [expected], "f32")
+    with pytest.raises(ValueError, match="VJP"):  # inference only: differentiate the original
+        folded.vjp()
 
 
 def test_unused_parameters_dropped_by_export_are_handled():

@@ -140,40 +140,106 @@ def test_visualize_without_the_extra_is_a_clear_error(tmp_path: Path, monkeypatc
     src = tmp_path / "model.mlir"
     src.write_text(MODULE)
     assert main([str(src), "-o", str(tmp_path / "o.mlir"), "--visualize"]) == 1
-    assert "bnfold[viz]" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err.startswith("bnfold-opt: ") and "bnfold[viz]" in err
+    assert "pip install -e '.[viz]'" in err  # what works from a checkout
     assert not (tmp_path / "o.mlir").exists()  # checked before any work
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
+
+
+def _start_visualize(tmp_path: Path, port: int):
+    """`python -m bnfold model.mlir --visualize` with its own TMPDIR; returns the process
+    and the URL it printed."""
+    import os
+    import subprocess
+    import sys
+
+    src = tmp_path / "model.mlir"
+    src.write_text(MODULE)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    server = subprocess.Popen([sys.executable, "-m", "bnfold", str(src), "-o", str(tmp_path / "o.mlir"),
+                               "--visualize", "--visualize-port", str(port)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=os.environ | {"TMPDIR": str(temp)})
+    assert server.stdout is not None
+    url = next((line.strip() for line in server.stdout if line.startswith("http://")), None)
+    if url is None:
+        server.kill()
+        pytest.fail(server.communicate(timeout=30)[1])
+    return server, url, temp
 
 
 def test_visualize_serves_the_input_and_the_folded_module(tmp_path: Path):
     """`bnfold-opt --visualize` starts Model Explorer on localhost with both
     models and their node data (skipped without the `viz` extra)."""
     pytest.importorskip("model_explorer")
-    import socket
-    import subprocess
-    import sys
     import urllib.parse
     import urllib.request
 
-    with socket.socket() as s:
-        s.bind(("localhost", 0))
-        port = s.getsockname()[1]
-    src = tmp_path / "model.mlir"
-    src.write_text(MODULE)
-    server = subprocess.Popen([sys.executable, "-m", "bnfold", str(src), "-o", str(tmp_path / "o.mlir"),
-                               "--visualize", "--visualize-port", str(port)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server, url, temp = _start_visualize(tmp_path, _free_port())
     try:
-        assert server.stdout is not None
-        url = next((line.strip() for line in server.stdout if line.startswith("http://")), None)
-        assert url is not None, server.stderr.read() if server.stderr else ""
         with urllib.request.urlopen(url, timeout=30) as page:
             assert page.status == 200
         data = json.loads(urllib.parse.unquote(url.split("data=", 1)[1]))
         models = [Path(m["url"]) for m in data["models"]]
         assert [m.name for m in models] == ["model.input.mlir", "model.folded.mlir"]
+        assert all(m.parent.parent == temp for m in models)
         assert data["nodeDataTargets"] == [m.name for m in models]
         overlays = [json.loads(Path(p).read_text()) for p in data["nodeData"]]
         assert overlays[0]["main"]["results"] and overlays[1]["main"]["results"]
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_visualize_removes_its_temporary_files_when_stopped(signal_name, tmp_path: Path):
+    """Ctrl+C and SIGTERM stop the server and remove both module copies (issue 26: hundreds
+    of MB for a ResNet-50 stayed in /tmp); the outputs written before stay."""
+    pytest.importorskip("model_explorer")
+    import signal
+
+    server, url, temp = _start_visualize(tmp_path, _free_port())
+    try:
+        assert [p.name.startswith("bnfold-viz-") for p in temp.iterdir()] == [True]
+        server.send_signal(getattr(signal, signal_name))
+        _, err = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    assert list(temp.iterdir()) == [], err
+    assert "Model Explorer stopped" in err and "Traceback" not in err
+    assert (tmp_path / "o.mlir").exists()
+
+
+def test_visualize_on_a_busy_port_names_the_option_and_writes_nothing(tmp_path: Path):
+    pytest.importorskip("model_explorer")
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    src = tmp_path / "model.mlir"
+    src.write_text(MODULE)
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    with socket.socket() as busy:
+        busy.bind(("localhost", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "bnfold", str(src), "-o",
+                               str(tmp_path / "o.mlir"), "--visualize", "--visualize-port",
+                               str(port)], capture_output=True, text=True, timeout=120,
+                              env=os.environ | {"TMPDIR": str(temp)})
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"bnfold-opt: error: port {port} on localhost is in use"), \
+        proc.stderr
+    assert "--visualize-port" in proc.stderr
+    assert not (tmp_path / "o.mlir").exists() and list(temp.iterdir()) == []

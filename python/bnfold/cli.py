@@ -20,7 +20,7 @@ from typing import Any, BinaryIO, NoReturn
 from bnfold import __version__, options
 from bnfold.errors import BnfoldError
 from bnfold.outputs import Outputs
-from bnfold.patterns import REGISTRY
+from bnfold.patterns import PASSES, REGISTRY
 from bnfold.pipeline import Folded, FoldOptions, fold_source
 from bnfold.report import Report
 
@@ -30,6 +30,9 @@ _SPLIT_RE = re.compile(r"^// -----.*$", re.MULTILINE)
 EPILOG = """\
 patterns (names for --disable):
 {patterns}
+
+passes (for --pass-pipeline; options as name=value in braces):
+{passes}
 
 examples:
   bnfold-opt model.mlir                        print the folded module, summary on stderr
@@ -78,12 +81,14 @@ def _terminal_columns() -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     patterns = "\n".join(f"  {e.name:20s} {e.description}" for e in REGISTRY)
+    passes = "\n".join(f"  {p.name:26s} {p.description}\n  {'':26s} options: "
+                       f"{', '.join(p.option_names())}" for p in PASSES)
     parser = _Parser(
         prog=PROG,
         description="Fold batch normalization (batch_norm_inference and the decomposed chains "
                     "real exporters emit) into the preceding or following convolution / "
                     "dot_general of a StableHLO module.",
-        epilog=EPILOG.format(patterns=patterns),
+        epilog=EPILOG.format(patterns=patterns, passes=passes),
         formatter_class=_Formatter,
     )
     parser.add_argument("input", nargs="?", default="-", metavar="INPUT",
@@ -127,9 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="function whose arguments --bind-params binds (default: main)")
     parser.add_argument("--pass-pipeline", metavar="PIPELINE",
                         help="run this textual pipeline instead of the default fold, mixing "
-                             "bnfold's passes (bnfold-fold{disable=... skip-func=... "
-                             "expand-batch-norm=true}, bnfold-expand-batch-norm) with MLIR's, "
-                             "e.g. 'builtin.module(bnfold-fold,cse,symbol-dce)'")
+                             "bnfold's passes (" + ", ".join(p.name for p in PASSES) + "; see "
+                             "'passes' below) with MLIR's, e.g. "
+                             "'builtin.module(bnfold-fold{disable=forward-affine},cse,symbol-dce)'")
     options.add_arguments(parser)  # --disable, --skip-func, --equalize, ... (the schema)
     parser.add_argument("--split-input-file", action="store_true",
                         help="treat '// -----' lines as separators of independent modules; a "
@@ -209,9 +214,14 @@ def _options(args: argparse.Namespace) -> FoldOptions:
     return options.from_cli(args, statistics=bool(args.report_params))
 
 
+_stdin: list[bytes] = []  # what was read from stdin, for a reproducer after a crash
+
+
 def _read(path: str) -> bytes:
     if path == "-":
-        return sys.stdin.buffer.read()
+        data = sys.stdin.buffer.read()
+        _stdin[:] = [data]
+        return data
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -240,6 +250,7 @@ def _run(args: argparse.Namespace, name: str) -> int:
         from bnfold import viz
 
         viz.check_installed()  # before any work
+        viz.check_port("localhost", args.visualize_port)
     if args.report_overlay == "-":
         raise BnfoldError("--report-overlay writes two files (FILE.json and FILE.output.json); "
                           "give it a file name, not '-'")
@@ -266,7 +277,7 @@ def _run(args: argparse.Namespace, name: str) -> int:
         if args.input == "-":
             module = _process(args, options, name, bound, report, data=_read("-"))
         else:
-            if not os.path.exists(args.input):
+            if not os.path.exists(args.input) or os.path.isdir(args.input):
                 _read(args.input)  # raises the "cannot read" error
             module = _process(args, options, name, bound, report, path=args.input)
         if module is None:
@@ -293,13 +304,20 @@ def _run(args: argparse.Namespace, name: str) -> int:
 
 
 def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
+    """Serves both modules until Ctrl+C or SIGTERM; the temporary copies go either way
+    (the outputs are written by now: an interrupt here is how the server stops)."""
     from bnfold import viz
 
-    view = viz.prepare(args.input, options=options)
-    print(f"{PROG}: Model Explorer: input {view.input.name}, output {view.output.name}, node data "
-          f"'bnfold' on each (files in {view.input.parent})", file=sys.stderr)
-    sys.stderr.flush()
-    viz.serve(view, port=args.visualize_port)
+    try:
+        with viz.session(args.input, options=options) as view:
+            print(f"{PROG}: Model Explorer: input {view.input.name}, output {view.output.name}, "
+                  f"node data 'bnfold' on each (temporary files in {view.input.parent}, "
+                  f"removed when the server stops)", file=sys.stderr)
+            sys.stderr.flush()
+            viz.serve(view, port=args.visualize_port)
+    except KeyboardInterrupt:
+        pass
+    print(f"{PROG}: Model Explorer stopped; its temporary files are removed", file=sys.stderr)
 
 
 def _outputs(args: argparse.Namespace) -> Outputs:
@@ -364,12 +382,19 @@ def _process(args: argparse.Namespace, options: FoldOptions, name: str,
                              pass_pipeline=args.pass_pipeline,
                              graph_nodes=bool(args.report_overlay))
     except BnfoldError as e:
-        print(str(e), file=sys.stderr)
+        print(_error_line(e), file=sys.stderr)
         return None
     report.merge(folded.report)
     if _retained is not None:
         _retained.append(folded)
     return folded
+
+
+def _error_line(e: BnfoldError) -> str:
+    """MLIR's located diagnostics as they are (`file:line:col: error: ...`, as mlir-opt
+    prints them); an error about an option or without a place gets the program's name."""
+    located = e.preformatted or (e.location is not None and not e.location.startswith("-"))
+    return str(e) if located else f"{PROG}: {e}"
 
 
 def _split(data: bytes) -> list[bytes]:
@@ -387,10 +412,18 @@ def _load_params(path: str) -> dict[str | int, Any]:
     import numpy as np
 
     try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+        if magic != b"PK\x03\x04":  # an .npz is a zip archive; np.load would try pickle
+            raise BnfoldError("not an .npz archive (write one with numpy.savez(path, "
+                              "**{'argN' or name: array}))", location=path)
         with np.load(path, allow_pickle=False) as npz:
             return {k: npz[k] for k in npz.files}
     except (OSError, ValueError) as e:
-        raise BnfoldError(f"cannot read parameters '{path}': {e}") from None
+        if isinstance(e, BnfoldError):
+            raise
+        raise BnfoldError(f"cannot read parameters '{path}': {getattr(e, 'strerror', None) or e}"
+                          ) from None
 
 
 def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:
@@ -399,14 +432,23 @@ def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> s
 
     directory = tempfile.mkdtemp(prefix="bnfold-repro-")
     source = os.path.join(directory, "input")
-    if args.input != "-" and os.path.exists(args.input):
-        with open(args.input, "rb") as src, open(source, "wb") as dst:
-            dst.write(src.read())
+    data: bytes | None = _stdin[0] if args.input == "-" and _stdin else None
+    if data is None and args.input != "-" and os.path.isfile(args.input):
+        try:
+            with open(args.input, "rb") as src:
+                data = src.read()
+        except OSError:
+            data = None
+    if data is not None:
+        with open(source, "wb") as dst:
+            dst.write(data)
     with open(os.path.join(directory, "traceback.txt"), "w") as f:
         f.write(trace)
-    flags = [a for a in argv if a != args.input]
-    return (f"Saved a reproducer in {directory} (input and traceback.txt). Reproduce with:\n"
-            f"  {PROG} {source} {' '.join(flags)}\n"
+    flags = [a for a in argv if a not in (args.input, "-")]
+    saved = "the input and traceback.txt" if data is not None else \
+        "traceback.txt; the input could not be saved"
+    command = f"  {PROG} {source if data is not None else args.input} {' '.join(flags)}".rstrip()
+    return (f"Saved a reproducer in {directory} ({saved}). Reproduce with:\n{command}\n"
             f"Please file it with the traceback: this is a bnfold bug.")
 
 

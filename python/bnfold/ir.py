@@ -12,7 +12,7 @@ import ctypes
 import io
 import re
 from collections.abc import Iterator, Sequence
-from typing import BinaryIO, Literal
+from typing import BinaryIO, Literal, cast
 
 import jaxlib.mlir._mlir_libs._jax_mlir_ext as _jax_mlir_ext
 from jaxlib.mlir import ir, passmanager
@@ -82,8 +82,29 @@ def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> i
         raise BnfoldError("input is neither MLIR text nor MLIR bytecode", location=name)
     with context, _read_errors(name):
         if fmt == "portable":
-            return stablehlo.deserialize_portable_artifact(context, raw)
+            return _deserialize(raw, context, name)
         return ir.Module.parse(raw)
+
+
+def _deserialize(raw: bytes, context: ir.Context, name: str) -> ir.Module:
+    """A portable artifact; its reader prints diagnostics itself (with "-" as the file)
+    and raises a bare "failed to deserialize": collect them into one located error."""
+    diagnostics: list[str] = []
+
+    def collect(diagnostic: ir.Diagnostic) -> bool:
+        where = format_location(diagnostic.location, name)
+        where = name if where in ("unknown", f"{name}:0:0") else where
+        diagnostics.append(f"{where}: error: {diagnostic.message}")
+        return True  # handled: nothing printed behind our back
+
+    handler = cast(ir.DiagnosticHandler, context.attach_diagnostic_handler(collect))
+    try:
+        return stablehlo.deserialize_portable_artifact(context, raw)
+    except (RuntimeError, ValueError) as e:
+        raise BnfoldError("\n".join(diagnostics) or f"{name}: error: cannot read input: {e}",
+                          preformatted=True) from None
+    finally:
+        handler.detach()
 
 
 def parse_path(path: str, context: ir.Context, *, name: str | None = None) -> ir.Module:
@@ -104,6 +125,8 @@ def _read_errors(name: str) -> Iterator[None]:
     """MLIR's parse errors as a `BnfoldError` with the diagnostics, `name` as the file."""
     try:
         yield
+    except BnfoldError:
+        raise
     except ir.MLIRError as e:
         raise BnfoldError(format_diagnostics(e, name), preformatted=True) from None
     except (RuntimeError, ValueError) as e:

@@ -168,22 +168,31 @@ class Report:
         return json.dumps(self.to_json(), indent=2) + "\n"
 
     def table(self) -> str:
-        """A human-readable table: each fold, then each skipped op with its reason.
+        """A human-readable table: each fold (and what stayed of it), then each skipped op
+        with its reason.
 
-            fold   direction  producer            norm                channels  kind
-            fold0  backward   model.mlir:12:10    model.mlir:14:10    16        normalization
+            fold   direction  producer          norm              channels  rounding  kind
+            fold0  backward   model.mlir:12:10  model.mlir:14:10  16        5.9e-08   normalization
             ...
-            skipped  op                 op name                         reason
-            1        model.mlir:30:10   stablehlo.batch_norm_inference  the mean is ...
+
+            fold   what stayed of it, and why
+            fold3  shift folded exactly through zero padding: a border correction built ...
+
+            skipped  op                 op name                         code    reason
+            1        model.mlir:30:10   stablehlo.batch_norm_inference  ...     the mean is ...
         """
-        rows = [("fold", "direction", "producer", "norm", "channels", "kind")]
-        rows += [(f.id, f.direction, f.producer, f.norm, str(f.channels), f.kind)
-                 for f in self.folds]
+        rows = [("fold", "direction", "producer", "norm", "channels", "rounding", "kind")]
+        rows += [(f.id, f.direction, f.producer, f.norm, str(f.channels),
+                  f"{f.kernel_rounding:.1e}", f.kind) for f in self.folds]
         lines = _columns(rows) if self.folds else ["no folds"]
+        notes = [(f.id, f.note) for f in self.folds if f.note]
+        if notes:
+            lines += [""] + _columns([("fold", "what stayed of it, and why")] + notes)
         lines.append("")
         if self.skipped:
-            skips = [("skipped", "op", "op name", "reason")]
-            skips += [(str(i), s.op, s.op_name, s.reason) for i, s in enumerate(self.skipped, 1)]
+            skips = [("skipped", "op", "op name", "code", "reason")]
+            skips += [(str(i), s.op, s.op_name, s.code, s.reason)
+                      for i, s in enumerate(self.skipped, 1)]
             lines += _columns(skips)
         else:
             lines.append("nothing skipped")
@@ -206,10 +215,10 @@ class Report:
             lines.append("nothing equalized")
         if self.not_equalized:
             lines.append("")
-            rows = [("not equalized", "layer 1", "op name", "reason")]
-            rows += [(str(i), s.op, s.op_name, s.reason)
-                     for i, s in enumerate(self.not_equalized, 1)]
-            lines += _columns(rows)
+            missed = [("not equalized", "layer 1", "op name", "code", "reason")]
+            missed += [(str(i), s.op, s.op_name, s.code, s.reason)
+                       for i, s in enumerate(self.not_equalized, 1)]
+            lines += _columns(missed)
         return lines
 
     def params(self) -> dict[str, np.ndarray]:
@@ -260,10 +269,11 @@ def _bind_hint(report: Report) -> str:
     codes = {s.code for s in report.skipped}
     if report.folds or not report.skipped or not codes <= {_PARAMETER, _KERNEL}:
         return ""
-    what = {frozenset({_PARAMETER}): "every normalization's parameters are",
-            frozenset({_KERNEL}): "every normalized producer's kernel is",
-            }.get(frozenset(codes), "the normalizations' parameters or their producers' kernels are")
-    return (f"; {what} function arguments: bind them with --bind-params FILE.npz "
+    what = {frozenset({_PARAMETER}): "every normalization's parameters are function arguments",
+            frozenset({_KERNEL}): "every normalized producer's kernel is a function argument",
+            }.get(frozenset(codes), "the normalizations' parameters or their producers' "
+                                    "kernels are function arguments")
+    return (f"; {what}: bind them with --bind-params FILE.npz "
             "(or bnfold.jax_export.fold_exported)")
 
 

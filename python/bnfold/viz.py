@@ -3,6 +3,9 @@
     bnfold-opt model.mlir -o folded.mlir --visualize      # prints the URL, Ctrl+C stops
     >>> bnfold.viz.show("model.mlir")                      # the same from Python / a notebook
 
+Both remove their temporary copies of the two modules when the server stops
+(Ctrl+C, SIGTERM, or an error); `prepare` writes them where you say and keeps them.
+
 Starts Model Explorer's local server on localhost with two models, the input
 and the folded output, and `bnfold.overlay`'s node data on each: normalization
 ops green (folded: into which producer, fold id, channels) or red (not folded,
@@ -12,9 +15,14 @@ data panel of each model; open the second model in a split pane to compare.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
+import signal
+import socket
 import tempfile
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -75,19 +83,71 @@ def url(view: View, host: str = "localhost", port: int = DEFAULT_PORT) -> str:
 
 def serve(view: View, host: str = "localhost", port: int = DEFAULT_PORT,
           open_browser: bool = False) -> None:
-    """Runs Model Explorer's server for `view` until interrupted (Ctrl+C)."""
+    """Runs Model Explorer's server for `view` until interrupted (Ctrl+C, or SIGTERM from
+    the main thread). Raises `BnfoldError` when `port` is taken."""
     model_explorer = _model_explorer()
-    model_explorer.visualize_from_config(config(view), host=host, port=port,
-                                         no_open_in_browser=not open_browser)
+    check_port(host, port)
+    with _terminate_as_interrupt():
+        try:
+            model_explorer.visualize_from_config(config(view), host=host, port=port,
+                                                 no_open_in_browser=not open_browser)
+        except SystemExit:  # Model Explorer exits when it finds the port taken (a race)
+            raise BnfoldError(_busy(host, port)) from None
+
+
+@contextlib.contextmanager
+def session(source: str | Path, *, options: FoldOptions | None = None) -> Iterator[View]:
+    """`prepare` into a new temporary directory that is removed when the block exits,
+    however it exits (the two modules of a ResNet-50 are hundreds of MB)."""
+    directory = tempfile.mkdtemp(prefix="bnfold-viz-")
+    try:
+        yield prepare(source, directory, options=options)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def show(source: str | Path, *, options: FoldOptions | None = None, host: str = "localhost",
-         port: int = DEFAULT_PORT, open_browser: bool = True) -> View:
+         port: int = DEFAULT_PORT, open_browser: bool = True) -> None:
     """Folds `source` and shows input and output in Model Explorer (blocks until
-    interrupted, as Model Explorer's own `visualize` does; in a notebook it embeds)."""
-    view = prepare(source, options=options)
-    serve(view, host, port, open_browser)
-    return view
+    interrupted, as Model Explorer's own `visualize` does); the files go when it stops."""
+    check_port(host, port)  # before any work
+    with session(source, options=options) as view:
+        serve(view, host, port, open_browser)
+
+
+def check_port(host: str, port: int) -> None:
+    """Raises `BnfoldError` when something already listens on `host:port`."""
+    with socket.socket() as probe:
+        probe.settimeout(1.0)
+        try:
+            taken = probe.connect_ex((host, port)) == 0
+        except OSError as e:  # an unknown host name
+            raise BnfoldError(f"cannot serve on {host}:{port}: {e}") from None
+    if taken:
+        raise BnfoldError(_busy(host, port))
+
+
+def _busy(host: str, port: int) -> str:
+    return (f"port {port} on {host} is in use (another Model Explorer?); choose a free one "
+            f"with --visualize-port PORT (bnfold.viz: port=)")
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """SIGTERM stops the server as Ctrl+C does (Model Explorer returns on
+    KeyboardInterrupt), so the caller's cleanup runs; the old handler comes back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def check_installed() -> None:
@@ -99,6 +159,6 @@ def _model_explorer() -> Any:
     try:
         import model_explorer
     except ImportError:
-        raise BnfoldError("Model Explorer is not installed: pip install 'bnfold[viz]' "
-                          "(ai-edge-model-explorer)") from None
+        raise BnfoldError("Model Explorer is not installed: pip install 'bnfold[viz]', or from "
+                          "a checkout pip install -e '.[viz]' (ai-edge-model-explorer)") from None
     return model_explorer

@@ -12,10 +12,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnfold import affine, elements, precision
+from bnfold import elements, precision
 from bnfold.graph import carry_attributes, function_name
 from bnfold.ir import ir, stablehlo
 from bnfold.producers import Kernel
+from bnfold.quant.statistics import has_variance
 from bnfold.refusal import Refusal
 from bnfold.report import Fold
 
@@ -134,6 +135,16 @@ def fold_record(ledger: Ledger, producer: ir.Operation, norm: ir.Operation, fit:
         norm=ledger.location(norm), norm_op=norm.name,
         form="batch_norm_inference" if fit.gamma_beta else "decomposed",
         direction=direction, channels=fit.channels, ops=[], function=function_name(producer),
-        params=params, kernel_rounding=kernel_rounding,
-        kind="normalization" if affine.looks_like_normalization(steps) else "affine",
+        params=params, kernel_rounding=kernel_rounding, kind=kind(steps, fit),
     )
+
+
+def kind(steps: list[Step], fit: Affine) -> str:
+    """"normalization" for a chain that normalizes: a batch norm op, a variance under
+    rsqrt/sqrt among its constants (the statistics that made it), or a shift with a scale
+    that is not +-1 (`(x - mean) / std`); "affine" for the rest (a bias and a negate,
+    a mean pool's divide)."""
+    if any(s.name == "stablehlo.batch_norm_inference" for s in steps) or has_variance(steps):
+        return "normalization"
+    shifts = bool(np.any(fit.shift != 0))
+    return "normalization" if shifts and np.any(np.abs(fit.scale) != 1) else "affine"

@@ -120,6 +120,17 @@ def _leading(steps: list[Step], evaluator: Evaluator, channels: int
     return bias, None
 
 
+def has_variance(steps: list[Step]) -> bool:
+    """Whether a variance is under an `rsqrt` or `sqrt` among the chain's operands (a
+    decomposed batch norm or a Keras `Normalization`: statistics made this chain)."""
+    for step in steps:
+        for index, operand in enumerate(step.op.operands):
+            if index != step.x_index and any(
+                    op.name in ("stablehlo.rsqrt", "stablehlo.sqrt") for op in _constant_graph(operand)):
+                return True
+    return False
+
+
 def _constant_graph(value: ir.Value) -> list[ir.Operation]:
     """The ops computing a constant operand (depth-limited, pure elementwise and layout ops)."""
     found: list[ir.Operation] = []
