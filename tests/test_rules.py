@@ -184,7 +184,7 @@ def test_nothing_moves_to_an_op_created_where_an_erased_op_was():
         [fold] = ledger.report().folds
         new_conv = next(op.operation for op in body.operations
                         if op.operation.name == "stablehlo.convolution" and op.operation != old_conv)
-        ledger.set_statistics(old_conv, Statistics(np.ones(2), np.ones(2)))
+        ledger.set_statistics(old_conv, Statistics(np.ones(2), np.ones(2), np.zeros(2)))
         assert ledger.is_folded(old_multiply) and ledger.folds_of(new_conv) == [fold]
         rewriter.finish(module)
         # The old producer and chain are gone; make newcomers of the same kinds.

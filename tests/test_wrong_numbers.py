@@ -9,7 +9,8 @@ against XLA and float64 numpy on the original; each failed on bnfold before the 
 4. equalization overflowed an f16 sum pool (inf where the original is 5.1e4)
 5. high-bias absorption outside its identity (a second ReLU after an add: 260% error)
 and the two crashes: a reduce_window whose base dilation touches the channel axis, and
-add(z, z) between two layers.
+add(z, z) between two layers. Found since: the range check of 4 placed layer 1's statistics
+(of its pre-activation) at the convolution's result before the folded bias (inf in f16).
 """
 
 from __future__ import annotations
@@ -183,6 +184,43 @@ def test_equalization_never_overflows_an_f16_sum_pool():
     assert numerics.relative_error(actual, expected) <= numerics.tolerance("f16")
     if not out.report.equalized:
         assert [s.code for s in out.report.not_equalized] == ["range"]
+
+
+# The range check read layer 1's batch-norm statistics (of its pre-activation, after the
+# bias the fold adds) as if they described the convolution's result before that bias: here
+# the result is ~1500 and the bias -500, the check saw 1000 +- 8, passed a scale of 0.02 and
+# the equalized result overflowed f16 (inf and nan where the original is finite). Found
+# while designing bias correction, which reads the same statistics.
+
+F16_OFFSET = """
+func.func @main(%x: tensor<1x2x2x16xf16>) -> tensor<1x2x2x2xf16> {
+  %k1 = stablehlo.constant dense<KONE> : tensor<1x1x16x2xf16>
+  %y = stablehlo.convolution(%x, %k1) CONV : (tensor<1x2x2x16xf16>, tensor<1x1x16x2xf16>) -> tensor<1x2x2x2xf16>
+  %g = stablehlo.constant dense<[1.0, 1.0]> : tensor<2xf16>
+  %b = stablehlo.constant dense<[1000.0, 0.0]> : tensor<2xf16>
+  %m = stablehlo.constant dense<[1500.0, 0.0]> : tensor<2xf16>
+  %v = stablehlo.constant dense<[1.0, 1.0]> : tensor<2xf16>
+  %n = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {epsilon = 0.0 : f32, feature_index = 3 : i64} : (tensor<1x2x2x2xf16>, tensor<2xf16>, tensor<2xf16>, tensor<2xf16>, tensor<2xf16>) -> tensor<1x2x2x2xf16>
+  %zero = stablehlo.constant dense<0.0> : tensor<1x2x2x2xf16>
+  %r = stablehlo.maximum %n, %zero : tensor<1x2x2x2xf16>
+  %k2 = stablehlo.constant dense<[[[[25.0, 0.0], [0.0, 1.0]]]]> : tensor<1x1x2x2xf16>
+  %z = stablehlo.convolution(%r, %k2) CONV : (tensor<1x2x2x2xf16>, tensor<1x1x2x2xf16>) -> tensor<1x2x2x2xf16>
+  return %z : tensor<1x2x2x2xf16>
+}
+""".replace("CONV", CONV).replace(
+    "KONE", str(np.stack([np.full(16, 0.01), np.full(16, 1 / 16)], -1)[None, None].tolist()))
+
+
+def test_equalization_bounds_the_result_before_the_folded_bias():
+    out = fold(F16_OFFSET, equalize=True)
+    xs = [np.full((1, 2, 2, 16), 9376.0, np.float16)]  # the result's mean: 1500, as the stats say
+    expected = outputs(F16_OFFSET, xs)
+    actual = outputs(out.serialize().decode(), xs)
+    assert np.all(np.isfinite(expected))
+    assert np.all(np.isfinite(actual)), (actual, out.report.table())
+    assert numerics.relative_error(actual, expected) <= numerics.tolerance("f16")
+    assert [s.code for s in out.report.not_equalized] == ["range"]
+    assert "1.51e+03" in out.report.not_equalized[0].reason  # the result, not the pre-activation
 
 
 # --- 5. high-bias absorption outside its identity ----------------------------------------------

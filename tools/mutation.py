@@ -87,12 +87,14 @@ DEFAULT_MODULES = [  # a glob that matches nothing is reported and skipped (modu
     "python/bnfold/patterns/*.py",
     "python/bnfold/quant/*.py",
     "python/bnfold/affine.py",
-    "python/bnfold/scaling.py",
-    "python/bnfold/statistics.py",
+    "python/bnfold/laws.py",
     "python/bnfold/border.py",
     "python/bnfold/precision.py",
 ]
-DEFAULT_TESTS = [
+DEFAULT_TESTS = [  # the transforms' own tests: laws, numerics, refusals, the IR shapes
+    "tests/test_laws.py",
+    "tests/test_wrong_numbers.py",
+    "tests/test_statistics.py",
     "tests/test_forward.py",
     "tests/test_equalize.py",
     "tests/test_precision.py",

@@ -36,14 +36,35 @@ NodeRef = tuple[str, str]  # (Model Explorer graph id, node id), see bnfold.over
 
 @dataclass(frozen=True)
 class Statistics:
-    """Mean and spread per channel of a producer's output after its fold (and bias)."""
+    """Mean and spread per channel of a producer's *pre-activation*: its result plus the
+    bias its fold added after it (`offset`; None once a position-dependent correction
+    made the result's mean vary over positions). The producer's result itself has mean
+    `mean - offset` (`at_result`): what a walk that starts there must use.
+
+        %y = stablehlo.convolution(%x, %k)        // mean - offset, spread
+        %b = stablehlo.add %y, %offset_b          // mean, spread (the batch norm's beta, |gamma|)
+    """
 
     mean: np.ndarray
     spread: np.ndarray
+    offset: np.ndarray | None
 
     def scaled(self, factor: np.ndarray) -> Statistics:
-        """The statistics of the output times a positive per-channel `factor`."""
-        return Statistics(self.mean * factor, self.spread * np.abs(factor))
+        """The statistics once the result and its bias are times a positive per-channel
+        `factor` (equalization)."""
+        return Statistics(self.mean * factor, self.spread * np.abs(factor),
+                          None if self.offset is None else self.offset * factor)
+
+    def shifted(self, pre_activation: np.ndarray, result: np.ndarray | None) -> Statistics:
+        """The statistics once the pre-activation moved by `pre_activation` and the result
+        by `result` (per channel; None: by an amount that varies over positions)."""
+        offset = None if self.offset is None or result is None else \
+            self.offset + pre_activation - result
+        return Statistics(self.mean + pre_activation, self.spread, offset)
+
+    def at_result(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mean, spread) of the producer's result, or None when it varies over positions."""
+        return None if self.offset is None else (self.mean - self.offset, self.spread)
 
 
 class Ledger:

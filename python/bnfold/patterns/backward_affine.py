@@ -335,7 +335,8 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
             output = statistics.pre_activation(steps, plan.affine, fold.params, evaluator)
             if output is not None:
                 for producer in applied.producers:
-                    ctx.ledger.set_statistics(producer, Statistics(*output))
+                    # The fold's shift is the bias it adds after the producer.
+                    ctx.ledger.set_statistics(producer, Statistics(*output, plan.affine.shift))
         rest = list(plan.chain.steps[len(steps):]) if plan.chain is not None else []
         if plan.rest_reason is not None and affine.looks_like_normalization(rest):
             note(ctx, rest, backward=plan.rest_reason)

@@ -180,11 +180,13 @@ def pair(op: ir.Operation, ctx: Context, layers: dict[int, Layer | Refusal]
 
 
 def source_interval(statistics: Statistics | None, channels: int) -> Interval:
-    """Layer 1's output values: mean +- RANGE_SIGMAS spread, or unknown."""
-    if statistics is None:
+    """Layer 1's result values (the walk starts there, before the bias its fold added):
+    mean +- RANGE_SIGMAS spread, or unknown."""
+    found = statistics.at_result() if statistics is not None else None
+    if found is None:
         return region.unknown(channels)
-    return Interval(statistics.mean - RANGE_SIGMAS * statistics.spread,
-                    statistics.mean + RANGE_SIGMAS * statistics.spread)
+    mean, spread = found
+    return Interval(mean - RANGE_SIGMAS * spread, mean + RANGE_SIGMAS * spread)
 
 
 def output_axis(op: ir.Operation, analysis: Analysis

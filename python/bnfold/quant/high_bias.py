@@ -51,7 +51,6 @@ import numpy as np
 from bnfold import attributes, elements, laws, precision, producers
 from bnfold.ir import ir, op_id
 from bnfold.laws import Edit
-from bnfold.ledger import Statistics
 from bnfold.patterns.base import Pattern, Stage
 from bnfold.patterns.forward_affine import Through, _merge, shift_through
 from bnfold.patterns.rewrite import bias_add, constant_add
@@ -106,7 +105,8 @@ class Plan:
     c: np.ndarray  # per channel of layer 1, what moves
     bias: np.ndarray
     uppers: tuple[np.ndarray, ...]
-    through: Through  # c as it reaches layer 2's output (bias or border correction)
+    through: Through  # c as it reaches layer 2's output (bias or border correction) + merge
+    moved: np.ndarray | None  # how layer 2's result moves per channel (None: by position)
     merge: tuple[ir.Operation, ...]  # layer 2's existing bias adds, merged into the new one
     estimate: float
     corrected: bool
@@ -318,6 +318,7 @@ def plan(ctx: Context, found: Roles) -> Plan | Refusal:
     through = shift_through(second, mapping, kernel, c * found.shift_factor)
     if isinstance(through, Refusal):
         return Refusal(Code.PADDING, f"layer 2's output cannot take the shift exactly: {through}")
+    moved = None if through.correction is not None else -through.values
     merge = _merge(second.results[0], through.out_axis, analysis)
     if merge is not None:
         through = through.plus(merge.bias)
@@ -335,8 +336,8 @@ def plan(ctx: Context, found: Roles) -> Plan | Refusal:
     magnitudes = replace(kernel, values=np.abs(kernel.values))
     spread = shift_through(second, mapping, magnitudes, tail)
     estimate = float(np.max(np.abs(spread.values))) if isinstance(spread, Through) else math.inf
-    return Plan(found, c, new_bias, uppers, through, merge.ops if merge else (), estimate,
-                through.correction is not None)
+    return Plan(found, c, new_bias, uppers, through, moved, merge.ops if merge else (),
+                estimate, through.correction is not None)
 
 
 def build(rewriter: Rewriter, p: Plan) -> ir.Operation:
@@ -404,10 +405,14 @@ class AbsorbHighBias(Pattern[Link, Roles, Plan]):
 
     def record(self, ctx: Context, plan: Plan, applied: ir.Operation) -> None:
         plan.roles.link.record.high_bias.append(_record(plan))
-        stats = ctx.ledger.statistics(plan.roles.link.first)
-        if stats is not None:  # layer 1's output moved down by c
-            ctx.ledger.set_statistics(plan.roles.link.first,
-                                      Statistics(stats.mean - plan.c, stats.spread))
+        ledger = ctx.ledger
+        first, second = plan.roles.link.first, applied
+        if (stats := ledger.statistics(first)) is not None:
+            # layer 1's pre-activation moved down by c; its result did not move
+            ledger.set_statistics(first, stats.shifted(-plan.c, np.zeros_like(plan.c)))
+        if (stats := ledger.statistics(second)) is not None:
+            # layer 2's pre-activation is restored; its result moved by -K2 c
+            ledger.set_statistics(second, stats.shifted(np.zeros_like(stats.mean), plan.moved))
 
 
 
