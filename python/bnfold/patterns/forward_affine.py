@@ -58,13 +58,14 @@ from bnfold import affine, attributes, elements, laws, precision, producers
 from bnfold.affine import Affine, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import note
-from bnfold.constants import map_axis_through_reshape, per_channel
+from bnfold.constants import map_axis_through_reshape
 from bnfold.graph import carry_attributes, defining_op
 from bnfold.ir import ir, stablehlo
 from bnfold.patterns.base import Pattern, Stage
 from bnfold.patterns.inline_calls import CallSite, behind_calls
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, constant_add, fold_record, plan_kernel
 from bnfold.refusal import Code, Refusal
+from bnfold.through import BiasAdds, bias_adds, shift_through
 
 if TYPE_CHECKING:
     from bnfold import border
@@ -90,18 +91,6 @@ class Match:
 
 
 @dataclass(frozen=True)
-class Merge:
-    """The bias adds right after the producer that the new bias merges into."""
-
-    ops: tuple[ir.Operation, ...]
-    bias: np.ndarray
-
-    @property
-    def root(self) -> ir.Operation:
-        return self.ops[-1]
-
-
-@dataclass(frozen=True)
 class Plan:
     """A forward fold, computed and checked: what `apply` writes."""
 
@@ -110,7 +99,7 @@ class Plan:
     kernel: KernelRewrite
     bias: np.ndarray | None
     out_axis: int
-    merge: Merge | None  # the producer's existing bias adds, if any
+    merge: BiasAdds | None  # the producer's existing bias adds, if any
     # When the shift cannot fold (zero padding, lhs_dilation, cancellation): the shift
     # over the scale, t / s, kept as one add before the producer, and why.
     kept_shift: np.ndarray | None = None
@@ -343,7 +332,7 @@ def _plan_one(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
     through = shift_through(op, mapping, kernel, fit.shift, padding, unpadded)
     if isinstance(through, Refusal):
         return _scale_only(m, fit, rewrite, through, axis_at_end, end_type, absorbed)
-    merge = _merge(op.results[0], through.out_axis, analysis)
+    merge = bias_adds(op.results[0], through.out_axis, analysis)
     if merge is not None:
         through = through.plus(merge.bias)
     out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
@@ -351,82 +340,6 @@ def _plan_one(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
         return problem.wrap("forward")
     return Plan(m, fit, rewrite, through.bias, through.out_axis, merge, padding=absorbed,
                 correction=through.correction)
-
-
-@dataclass(frozen=True)
-class Through:
-    """A per-input-channel shift of a producer's activation, as it reaches the output: one
-    value per output channel, or a correction that varies near the borders."""
-
-    out_axis: int
-    bias: np.ndarray | None = None
-    correction: border.Correction | None = None
-
-    @property
-    def values(self) -> np.ndarray:
-        return self.correction.table if self.correction is not None else self.bias  # type: ignore[return-value]
-
-    def plus(self, bias: np.ndarray) -> Through:
-        if self.correction is not None:
-            return Through(self.out_axis, None, self.correction.add_bias(bias))
-        assert self.bias is not None
-        return Through(self.out_axis, self.bias + bias)
-
-
-def shift_through(op: ir.Operation, mapping: producers.InputScaleMap, kernel: producers.Kernel,
-                  shift: np.ndarray, padding: np.ndarray | None = None,
-                  unpadded: ir.RankedTensorType | None = None) -> Through | Refusal:
-    """`producer(x + t) - producer(x)` for a per-channel `t` of the activation, exactly.
-
-    Without zero padding or lhs_dilation holes it is a bias, `sum(K * t)` per
-    output channel; with them, output positions near a border see zeros for
-    some taps and it is `bnfold.border`'s correction (one value per channel
-    again when every position sees the same taps). `padding` replaces the
-    convolution's own (an absorbed explicit pad, whose input type is `unpadded`)."""
-    values = _kernel_f64(kernel)
-    if isinstance(values, Refusal):
-        return values
-    if op.name == "stablehlo.convolution":
-        padding = attributes.padding(op) if padding is None else padding
-        if np.any(padding > 0) or attributes.is_lhs_dilated(op):
-            return _border_shift(op, mapping, values, shift, padding, unpadded)
-    found = _shift_bias(op, mapping, values, shift)
-    if isinstance(found, Refusal):
-        return found
-    bias, out_axis = found
-    return Through(out_axis, bias)
-
-
-def _border_shift(op: ir.Operation, mapping: producers.InputScaleMap, values: np.ndarray,
-                  shift: np.ndarray, padding: np.ndarray,
-                  unpadded: ir.RankedTensorType | None) -> Through | Refusal:
-    """The shift through zero padding as an exact constant correction of the output."""
-    from bnfold import border  # only folds through padding need it (start-up time)
-
-    win = border.window(op, padding, unpadded)
-    if isinstance(win, Refusal):
-        return win.wrap("the shift cannot fold forward through zero padding")
-    weighted = values * mapping.expand(shift, values.shape)
-    limit = int(np.prod(values.shape)) + border.MARGIN_ELEMENTS
-    corr = border.correction(op, win, weighted, limit)
-    if isinstance(corr, Refusal):
-        return corr.wrap("the shift cannot fold forward through zero padding")
-    out_axis = producers.conv_dims(op).output_feature_dimension
-    if corr.is_uniform:  # padding that every output position sees the same way
-        return Through(out_axis, corr.table.reshape(-1))
-    return Through(out_axis, None, corr)
-
-
-def _kernel_f64(kernel: producers.Kernel) -> np.ndarray | Refusal:
-    """The kernel as the program computes with it (after any convert), in float64."""
-    if kernel.values.shape != kernel.shape and \
-            int(np.prod(kernel.shape)) > precision.MAX_EXPANDED_ELEMENTS:
-        return Refusal(Code.LIMIT, "the kernel is a huge splat constant; refused to expand it "
-                                   "for the shift")
-    values = np.broadcast_to(kernel.values, kernel.shape).astype(np.float64)
-    if kernel.convert is not None:
-        values = values.astype(kernel.effective).astype(np.float64)
-    return values
 
 
 def _uniform_shift_through_padding(m: Match, fit: Affine, rewrite: KernelRewrite,
@@ -466,7 +379,7 @@ def _uniform_shift_through_padding(m: Match, fit: Affine, rewrite: KernelRewrite
     axes = tuple(d for d in range(kernel.ndim) if d != out_kernel)
     bias = -value * np.sum(kernel, axis=axes)
     out_axis = dims.output_feature_dimension
-    merge = _merge(op.results[0], out_axis, analysis)
+    merge = bias_adds(op.results[0], out_axis, analysis)
     if merge is not None:
         bias = bias + merge.bias
     out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
@@ -532,53 +445,6 @@ def _axis_at_start(steps: list[Step], axis: int) -> int | None:
             return None
         axis = mapped
     return axis
-
-
-def _shift_bias(op: ir.Operation, mapping: producers.InputScaleMap, values: np.ndarray,
-                shift: np.ndarray) -> tuple[np.ndarray, int] | Refusal:
-    """The output bias a per-input-channel shift produces (no padding), and its output axis."""
-    t = mapping.expand(shift, values.shape)
-    if op.name == "stablehlo.convolution":
-        dims = producers.conv_dims(op)
-        out_kernel = dims.kernel_output_feature_dimension
-        axes = tuple(d for d in range(values.ndim) if d != out_kernel)
-        return np.sum(values * t, axis=axes), dims.output_feature_dimension
-    dot = producers.dot_dims(op)
-    const_index = mapping.operand
-    batching = dot.rhs_batching_dimensions if const_index == 1 else dot.lhs_batching_dimensions
-    contracting = dot.rhs_contracting_dimensions if const_index == 1 else dot.lhs_contracting_dimensions
-    free = [d for d in range(values.ndim) if d not in batching and d not in contracting]
-    if batching or len(free) != 1:
-        return Refusal(Code.AXIS, "the shift of a dot_general input folds only into a weight "
-                                  "with one free dimension")
-    axes = tuple(d for d in range(values.ndim) if d != free[0])
-    bias = np.sum(values * t, axis=axes)
-    # No batching dims here, so the result is (lhs free..., rhs free...) and the
-    # weight's single free dim is the last axis (weight on the right) or the first.
-    out_axis = ir.RankedTensorType(op.results[0].type).rank - 1 if const_index == 1 else 0
-    return bias, out_axis
-
-
-def _merge(result: ir.Value, out_axis: int, analysis: Analysis) -> Merge | None:
-    """The run of per-channel bias adds (and subtracts) right after the producer."""
-    ops: list[ir.Operation] = []
-    total: np.ndarray | None = None
-    value = result
-    while (user := analysis.sole_live_user(value)) is not None and \
-            user.name in ("stablehlo.add", "stablehlo.subtract"):
-        step = analysis.step(user)
-        if step is None or step.x != value or step.parameter is not None or \
-                (user.name == "stablehlo.subtract" and step.x_index != 0):
-            break
-        const = analysis.constant(user.operands[1 - step.x_index])
-        vector = per_channel(const, out_axis) if const is not None else None
-        if vector is None or isinstance(vector, Refusal):
-            break
-        vector = -vector if user.name == "stablehlo.subtract" else vector
-        total = vector if total is None else total + vector
-        ops.append(user)
-        value = user.results[0]
-    return Merge(tuple(ops), total) if total is not None else None
 
 
 def _explicit_pad(value: ir.Value, pad_value: float, low: list[int], high: list[int],

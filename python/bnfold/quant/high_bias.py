@@ -35,7 +35,7 @@ whose lower bound is not 0, an explicit pad -- is refused with a reason,
 because the identity above would not hold. Where layer 2 zero-pads (or is
 transposed), its border taps read zeros in both programs that now stand for
 different values: the shift reaches its output as `bnfold.border`'s exact
-correction instead of a per-channel bias (forward-affine's `shift_through`).
+correction instead of a per-channel bias (`bnfold.through.shift_through`).
 Layer 2's pre-activation is restored, so the next link's statistics still hold.
 """
 
@@ -52,12 +52,12 @@ from bnfold import attributes, elements, laws, precision, producers
 from bnfold.ir import ir, op_id
 from bnfold.laws import Edit
 from bnfold.patterns.base import Pattern, Stage
-from bnfold.patterns.forward_affine import Through, _merge, shift_through
 from bnfold.patterns.rewrite import bias_add, constant_add
 from bnfold.quant import region
 from bnfold.quant.equalize import output_axis, replace_constants
 from bnfold.refusal import Code, Refusal
 from bnfold.rewriter import Rewriter
+from bnfold.through import Through, bias_adds, shift_through
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
@@ -319,7 +319,7 @@ def plan(ctx: Context, found: Roles) -> Plan | Refusal:
     if isinstance(through, Refusal):
         return Refusal(Code.PADDING, f"layer 2's output cannot take the shift exactly: {through}")
     moved = None if through.correction is not None else -through.values
-    merge = _merge(second.results[0], through.out_axis, analysis)
+    merge = bias_adds(second.results[0], through.out_axis, analysis)
     if merge is not None:
         through = through.plus(merge.bias)
     new_bias = found.bias.vector - c
