@@ -394,3 +394,113 @@ def test_high_bias_needs_its_bias_before_the_activation():
     xs = within_three_sigma(text)
     expected, actual = run_xla(text, xs), run_xla(out.serialize().decode(), xs)
     assert numerics.relative_error(actual[0], expected[0]) < 1e-12
+
+
+# --- mean laws: bias correction's E[x] through the region ------------------------------------
+#
+# Layer 1's batch norm makes its pre-activation N(beta, gamma^2) per channel; the region
+# carries it to layer 2; --quantize-weights int4 --bias-correction takes
+# E[(W_q - W) x] out of layer 2's bias. The reference is a float64 Monte-Carlo estimate:
+# pre-activations drawn from that normal, the *region itself* run on XLA, then the error
+# kernel (W_q - W, quantized here by this test's own rule), averaged over samples and
+# positions. bnfold's mean laws never compute the reference.
+
+BN_GAMMA, BN_BETA = np.array([1.5, 0.7, 2.0]), np.array([0.8, -0.5, 3.0])
+BATCH_NORM = (
+    "  %bn_g = stablehlo.constant dense<[1.5, 0.7, 2.0]> : tensor<3xf64>\n"
+    "  %bn_b = stablehlo.constant dense<[0.8, -0.5, 3.0]> : tensor<3xf64>\n"
+    "  %bn_m = stablehlo.constant dense<[0.1, -0.2, 0.3]> : tensor<3xf64>\n"
+    "  %bn_v = stablehlo.constant dense<[1.0, 2.0, 0.5]> : tensor<3xf64>\n"
+    f'  %y = "stablehlo.batch_norm_inference"(%y0, %bn_g, %bn_b, %bn_m, %bn_v) {{epsilon = 0.0 : f32, '
+    f"feature_index = 3 : i64}} : ({T}, tensor<3xf64>, tensor<3xf64>, tensor<3xf64>, "
+    f"tensor<3xf64>) -> {T}\n")
+K2 = np.array([[0.01, -0.02], [1.0, 0.5], [30.0, -50.0]])
+# Means the walk cannot know, and the code it says so with.
+MEAN_REFUSED = {("stablehlo.select", "leaky"): "no-statistics",  # a branch is x * 0.1
+                ("stablehlo.reduce_window", "sum_pool_padded"): "padding",
+                ("stablehlo.reduce_window", "max_pool"): "no-statistics"}
+MEAN_REFUSED_CASES = {"pad_with_nonzero_value": "padding", "multiply_by_itself": "no-statistics",
+                      "constant_over_x": "no-statistics", "sigmoid": "not-homogeneous",
+                      "cbrt": "not-homogeneous", "slice_has_no_law": "no-law",
+                      "pool_across_channels": "axis", "residual_branch": "no-statistics"}
+
+
+def with_batch_norm(text: str) -> str:
+    conv = text.index("  %y = stablehlo.convolution(")
+    end = text.index("\n", conv) + 1
+    return text[:conv] + text[conv:end].replace("%y =", "%y0 =", 1) + BATCH_NORM + text[end:]
+
+
+def int4_error(kernel: np.ndarray) -> np.ndarray:
+    """W_q - W for symmetric per-tensor int4 (this test's own rule: max|W| / 7, rint)."""
+    scale = np.max(np.abs(kernel)) / 7
+    return np.clip(np.rint(kernel / scale), -7, 7) * scale - kernel
+
+
+def monte_carlo_shift(case: tuple[str, str, str], samples: int = 4096, seed: int = 0
+                      ) -> tuple[np.ndarray, np.ndarray]:
+    """E[(W_q - W) region(y)] per output channel over samples and positions, and its
+    standard error; y ~ N(beta, gamma^2) per channel, independent per position."""
+    lines, rt, out = case
+    n = samples
+    region_text = lines.replace("tensor<2x", f"tensor<{n}x").replace("[0:2,", f"[0:{n},")
+    rt = rt.replace("tensor<2x", f"tensor<{n}x")
+    error = int4_error(K2).reshape(1, 1, 3, 2)
+    text = (f"func.func @main(%y: tensor<{n}x4x4x3xf64>) -> tensor<{n}x{out}x2xf64> {{\n"
+            f"{region_text}\n"
+            f"  %k2 = stablehlo.constant dense<{error.tolist()}> : tensor<1x1x3x2xf64>\n"
+            "  %z = stablehlo.convolution(%r, %k2) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->"
+            "[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : "
+            f"i64}} : ({rt}, tensor<1x1x3x2xf64>) -> tensor<{n}x{out}x2xf64>\n"
+            f"  return %z : tensor<{n}x{out}x2xf64>\n}}\n")
+    y = np.random.default_rng(seed).normal(BN_BETA, BN_GAMMA, size=(n, 4, 4, 3))
+    (z,) = run_xla(text, [y])
+    per_sample = z.reshape(n, -1, 2).mean(axis=1)
+    return per_sample.mean(axis=0), per_sample.std(axis=0) / np.sqrt(n)
+
+
+def corrected(text: str) -> dict:
+    out = bnfold.fold_source(text, options=bnfold.FoldOptions(
+        quantize_weights="int4", bias_correction=True))
+    layer2 = out.report.quantized[-1]
+    assert layer2.bias_correction is not None, out.report.table()
+    return layer2.bias_correction | {"shift": layer2.params.get("bias_shift")}
+
+
+MEAN_CASES = [(op, name, case) for op, name, case in CASES if (op, name) not in MEAN_REFUSED] + [
+    ("stablehlo.select", "threshold_relu", COMMUTES["stablehlo.compare"]["threshold_relu"]),
+    ("stablehlo.reduce_window", "sum_pool_unpadded", region(
+        f"  %z0 = {ZERO}\n"
+        f'  %r = "stablehlo.reduce_window"(%y, %z0) {SUM_BODY} {{window_dimensions = array<i64: 1, 2, 2, 1>, '
+        'window_strides = array<i64: 1, 2, 2, 1>} '
+        f": ({T}, tensor<f64>) -> tensor<2x2x2x3xf64>", "tensor<2x2x2x3xf64>", "2x2"))]
+
+
+@pytest.mark.parametrize("op, name, case", MEAN_CASES,
+                         ids=[f"{o.split('.')[-1]}-{n}" for o, n, _ in MEAN_CASES])
+def test_mean_law_matches_monte_carlo(op, name, case):
+    found = corrected(with_batch_norm(module(case)))
+    assert found["applied"], found
+    expected, error = monte_carlo_shift(case)
+    assert np.any(np.abs(expected) > 5 * error), (expected, error)  # the shift is measurable
+    np.testing.assert_array_less(np.abs(found["shift"] - expected), 5 * error + 1e-9)
+
+
+@pytest.mark.parametrize("key", sorted(MEAN_REFUSED), ids=lambda k: f"{k[0].split('.')[-1]}-{k[1]}")
+def test_mean_law_refuses_what_it_cannot_know(key):
+    found = corrected(with_batch_norm(module(COMMUTES[key[0]][key[1]])))
+    assert not found["applied"] and found["code"] == MEAN_REFUSED[key], found
+
+
+@pytest.mark.parametrize("name", sorted(MEAN_REFUSED_CASES))
+def test_mean_law_refuses_where_the_scale_law_does(name):
+    case, _ = REFUSED[name]
+    found = corrected(with_batch_norm(module(case)))
+    assert not found["applied"] and found["code"] == MEAN_REFUSED_CASES[name], found
+
+
+def test_every_law_has_a_mean_case():
+    """Every law's mean is checked on numbers where it is known (a compare only as a select's
+    predicate: its own result is no value to average)."""
+    assert {op for op, _, _ in MEAN_CASES} == set(laws.LAWS), \
+        {op for op, _, _ in MEAN_CASES} ^ set(laws.LAWS)

@@ -165,6 +165,23 @@ def correction(op: ir.Operation, win: Window, weighted: np.ndarray,
     return Correction(table, tuple(runs))
 
 
+def mean_output(op: ir.Operation, win: Window, weighted: np.ndarray) -> np.ndarray:
+    """`C` averaged over the output positions, per feature: each tap weighted by the share
+    of positions at which it reads real input (its border share), exactly, without the
+    table: the mean of a product of per-axis factors is the product of their means."""
+    dims = producers.conv_dims(op)
+    spatial = list(dims.kernel_spatial_dimensions)
+    order = spatial + [dims.kernel_input_feature_dimension, dims.kernel_output_feature_dimension]
+    w = np.transpose(weighted, order).sum(axis=len(spatial))  # [k_1, .., k_n, f]
+    flips = tuple(i for i, rev in enumerate(win.reversal) if rev)
+    if flips:
+        w = np.flip(w, axis=flips)
+    for d in range(len(spatial)):
+        share = win.taps(d).mean(axis=0)  # per tap: the fraction of positions on real data
+        w = np.tensordot(share, w, axes=([0], [0]))  # contracts the leading tap axis
+    return np.asarray(w, dtype=np.float64).reshape(-1)
+
+
 def _runs(classes: np.ndarray) -> tuple[tuple[int, int], ...]:
     """Run-length encoding of a row-class sequence."""
     starts = np.flatnonzero(np.r_[True, classes[1:] != classes[:-1]])

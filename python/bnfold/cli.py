@@ -43,6 +43,7 @@ examples:
   bnfold-opt model.mlir -o folded.mlir --visualize     (both graphs in Model Explorer; bnfold[viz])
   bnfold-opt model.mlir --bind-params params.npz          (fold parameters passed as arguments)
   bnfold-opt model.mlir -o eq.mlir --equalize --report-params scales.npz  (for int8 weights)
+  bnfold-opt model.mlir -o q.mlir --equalize --quantize-weights int8 --bias-correction
   bnfold-opt model.mlir --disable forward-affine --skip-func encoder
   cat model.mlir | bnfold-opt - --expand-batch-norm > expanded.mlir
 """
@@ -113,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="save each fold's statistics as <fold id>/<name> arrays: scale, "
                              "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference; "
                              "'-' is stdout")
+    parser.add_argument("--quant-encodings", metavar="FILE.json",
+                        help="with --quantize-weights: write each quantized weight's bits, "
+                             "scale(s) and zero point as an AIMET-style encodings file, keyed "
+                             "by the producer's location")
     parser.add_argument("--report-overlay", metavar="FILE.json",
                         help="write Model Explorer node data: FILE.json for the input graph "
                              "(each normalization op folded, into what, or not, and why) and "
@@ -251,6 +256,9 @@ def _run(args: argparse.Namespace, name: str) -> int:
 
         viz.check_installed()  # before any work
         viz.check_port("localhost", args.visualize_port)
+    if args.quant_encodings and not options.quantize_weights:
+        raise BnfoldError("--quant-encodings needs --quantize-weights (it describes the "
+                          "quantized weights)")
     if args.report_overlay == "-":
         raise BnfoldError("--report-overlay writes two files (FILE.json and FILE.output.json); "
                           "give it a file name, not '-'")
@@ -291,6 +299,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
                                       else report.table()).encode())
     if args.report_params:
         outputs.set_data("--report-params", report.params_npz())
+    if args.quant_encodings:
+        outputs.set_data("--quant-encodings", _json(report.encodings()))
     if overlays is not None:
         outputs.set_data("--report-overlay", overlays[0])
         outputs.set_data(OVERLAY_OUTPUT, overlays[1])
@@ -327,6 +337,8 @@ def _outputs(args: argparse.Namespace) -> Outputs:
         outputs.add("--report", args.report, b"")
     if args.report_params:
         outputs.add("--report-params", args.report_params, b"")
+    if args.quant_encodings:
+        outputs.add("--quant-encodings", args.quant_encodings, b"")
     if args.report_overlay:
         outputs.add("--report-overlay", args.report_overlay, b"")
         outputs.add(OVERLAY_OUTPUT, overlay_output_path(args.report_overlay), b"")

@@ -66,8 +66,10 @@ def _numpy_dtype(element_type: ir.Type) -> np.dtype | None:
     if name == "i1":
         return np.dtype(np.bool_)
     match = _INT_RE.match(name)
-    if match and match.group(2) in ("8", "16", "32", "64"):
-        return np.dtype(("uint" if match.group(1) else "int") + match.group(2))
+    if match and match.group(2) in ("4", "8", "16", "32", "64"):
+        # i4 (quantized weights) computes as int8: MLIR keeps one element per byte too.
+        width = "8" if match.group(2) == "4" else match.group(2)
+        return np.dtype(("uint" if match.group(1) else "int") + width)
     return None
 
 

@@ -16,6 +16,11 @@ is the only place that says what such a walk may cross, and how:
     interval   per channel, [lo, hi] of the result from [lo, hi] of the
                operands: an equalization scale 1/s < 1 grows the activations
                and f16 overflows at 65504
+    mean       per channel, E[result] from the operands' `Moments` (bias
+               correction's E[x]): exact for every linear step (E[f(x)] =
+               f(E[x])); through an activation only while the value is still
+               Gaussian per channel (a folded batch norm's pre-activation
+               through affine steps: the clipped normal's mean); or a Refusal
 
 An op that is not in `LAWS` stops every walk with a Refusal naming it. When a
 law is added here, the fuzzer's grammar (tests/regiongen.py) must generate the
@@ -37,6 +42,7 @@ import numpy as np
 
 from bnfold import attributes, elements, precision
 from bnfold.constants import Const, map_axis_through_reshape, per_channel
+from bnfold.graph import defining_op
 from bnfold.ir import ir
 from bnfold.refusal import Code, Refusal
 
@@ -119,6 +125,70 @@ class Env(Protocol):
 
 
 @dataclass(frozen=True)
+class Normal:
+    """clip(N(mu, sigma^2), lo, hi) per channel: a folded batch norm's pre-activation
+    (N(beta, gamma^2), unbounded) through per-channel affine steps and activations with
+    constant bounds (ReLU, ReLU6 as clamp or as max then min). All float64."""
+
+    mu: np.ndarray
+    sigma: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+
+    @classmethod
+    def of(cls, mu: np.ndarray, sigma: np.ndarray) -> Normal:
+        mu = np.asarray(mu, dtype=np.float64)
+        return cls(mu, np.abs(np.asarray(sigma, dtype=np.float64)), np.full_like(mu, -np.inf),
+                   np.full_like(mu, np.inf))
+
+    @property
+    def unbounded(self) -> bool:
+        return bool(np.all(np.isneginf(self.lo)) and np.all(np.isposinf(self.hi)))
+
+    def mean(self) -> np.ndarray:
+        return clipped_mean(self.mu, self.sigma, self.lo, self.hi)
+
+    def affine(self, a: np.ndarray | float, b: np.ndarray | float) -> Normal:
+        """a * value + b: a * clip(G, lo, hi) + b = clip(a G + b, ...), bounds swapped by a < 0."""
+        a = np.broadcast_to(np.asarray(a, dtype=np.float64), self.mu.shape)
+        b = np.broadcast_to(np.asarray(b, dtype=np.float64), self.mu.shape)
+        with np.errstate(invalid="ignore"):
+            ends = np.stack([a * self.lo + b, a * self.hi + b])
+        ends = np.where(a == 0, b, ends)  # 0 * inf: the value is the constant b
+        return Normal(a * self.mu + b, np.abs(a) * self.sigma, ends.min(axis=0),
+                      ends.max(axis=0))
+
+    def clip(self, lo: np.ndarray, hi: np.ndarray) -> Normal:
+        """clip(clip(G, l, h), lo, hi) = clip(G, clip(l, lo, hi), clip(h, lo, hi))."""
+        return Normal(self.mu, self.sigma, np.clip(self.lo, lo, hi), np.clip(self.hi, lo, hi))
+
+
+@dataclass(frozen=True)
+class Moments:
+    """Per channel along `axis`: the mean of a value (over inputs and positions), and its
+    distribution while it is a clipped normal (`normal`); None once a pool or a sum of two
+    branches made it something else (its mean is still known)."""
+
+    axis: int
+    mean: np.ndarray
+    normal: Normal | None = None
+
+    @classmethod
+    def of(cls, axis: int, normal: Normal) -> Moments:
+        return cls(axis, normal.mean(), normal)
+
+
+class MeanEnv(Protocol):
+    """What a mean law may ask: the moments of an operand (computed on demand, walking back
+    to the folded batch norms; a Refusal says why they are unknown), and constants."""
+
+    def moments(self, value: ir.Value) -> Moments | Refusal | None:
+        """The moments of a value (None for a constant)."""
+
+    def constant(self, value: ir.Value) -> Const | None: ...
+
+
+@dataclass(frozen=True)
 class Law:
     """How one op kind commutes with a per-channel scale and shift (see the module doc)."""
 
@@ -127,6 +197,7 @@ class Law:
     shift: Callable[[ir.Operation, Env], Shifted | Refusal]
     precision: Callable[[ir.Operation], Precision]
     interval: Callable[[ir.Operation, Env], Interval]
+    mean: Callable[[ir.Operation, MeanEnv], Moments | Refusal]
 
 
 def law_of(op: ir.Operation) -> Law | Refusal:
@@ -646,66 +717,356 @@ def _pool_precision(op: ir.Operation) -> Precision:
     return Precision.ROUNDS if body and body[0].name == "stablehlo.add" else Precision.EXACT
 
 
+# --- means (bias correction) ----------------------------------------------------------------
+#
+# E[f(x)] = f(E[x]) for every linear step, whatever x's distribution; an activation needs
+# the distribution itself, which is known only while the value is Gaussian per channel.
+
+
+def _normal_cdf(z: np.ndarray) -> np.ndarray:
+    return 0.5 * (1.0 + _erf(z / math.sqrt(2.0)))
+
+
+def _normal_pdf(z: np.ndarray) -> np.ndarray:
+    return np.exp(-0.5 * z * z) / math.sqrt(2.0 * math.pi)
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+
+
+def clipped_mean(mean: np.ndarray, spread: np.ndarray, lo: np.ndarray, hi: np.ndarray
+                 ) -> np.ndarray:
+    """E[clip(X, lo, hi)] for X ~ N(mean, spread^2) per channel, in float64 (lo, hi may be
+    infinite; a zero spread clips the mean itself):
+
+        lo Phi(a) + mean (Phi(b) - Phi(a)) + spread (phi(a) - phi(b)) + hi (1 - Phi(b)),
+        a = (lo - mean) / spread,  b = (hi - mean) / spread
+    """
+    mean, spread, lo, hi = np.broadcast_arrays(*(np.asarray(v, dtype=np.float64)
+                                                 for v in (mean, spread, lo, hi)))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        a = np.where(spread > 0, (lo - mean) / spread, np.where(lo <= mean, -np.inf, np.inf))
+        b = np.where(spread > 0, (hi - mean) / spread, np.where(hi >= mean, np.inf, -np.inf))
+        below, above = _normal_cdf(a), 1.0 - _normal_cdf(b)
+        value = mean * (1.0 - below - above) + spread * (_normal_pdf(a) - _normal_pdf(b))
+        value = value + np.where(below > 0, lo * below, 0.0) + np.where(above > 0, hi * above, 0.0)
+    return np.where(spread > 0, value, np.clip(mean, lo, hi))
+
+
+def partial_mean(mean: np.ndarray, spread: np.ndarray, threshold: np.ndarray, above: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """(E[X; X > t], P(X > t)) for X ~ N(mean, spread^2) (or X < t when not `above`)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        z = np.where(spread > 0, (threshold - mean) / np.where(spread > 0, spread, 1.0),
+                     np.where(threshold < mean, -np.inf, np.inf))
+    cdf, pdf = _normal_cdf(z), _normal_pdf(z)
+    if above:
+        return mean * (1.0 - cdf) + spread * pdf, 1.0 - cdf
+    return mean * cdf - spread * pdf, cdf
+
+
+def _operand_moments(op: ir.Operation, env: MeanEnv
+                     ) -> list[Moments | np.ndarray] | Refusal:
+    """Each operand's moments, or a constant operand as a vector along the walked axis."""
+    found: list[Moments | Refusal | None] = [env.moments(v) for v in op.operands]
+    for item in found:
+        if isinstance(item, Refusal):
+            return item
+    reached = [m for m in found if isinstance(m, Moments)]
+    if not reached:
+        return Refusal(Code.NO_STATISTICS, f"{_short(op)} of constants only")
+    axis = reached[0].axis
+    if any(m.axis != axis for m in reached):
+        return Refusal(Code.AXIS, f"{_short(op)} meets channels along different axes")
+    channels = _channels(op.results[0], axis) if ir.RankedTensorType(op.results[0].type).rank \
+        else reached[0].mean.size
+    operands: list[Moments | np.ndarray] = []
+    for value, item in zip(op.operands, found, strict=True):
+        if isinstance(item, Moments):
+            operands.append(item)
+            continue
+        const = env.constant(value)
+        if const is None:
+            return Refusal(Code.NO_STATISTICS, f"{_short(op)} reads a value whose mean is unknown")
+        vec = vector(const, axis, channels)
+        if isinstance(vec, Refusal):
+            return vec
+        operands.append(vec)
+    return operands
+
+
+def _normal(op: ir.Operation, x: Moments) -> Normal | Refusal:
+    if x.normal is None:
+        return Refusal(Code.NO_STATISTICS, f"the mean after {_short(op)} needs its input's "
+                                           "distribution, which is no longer the batch norm's "
+                                           "(clipped) normal (a pool or a sum came first)")
+    return x.normal
+
+
+def _add_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    """E[x + y] = E[x] + E[y]; a clipped normal stays one when the rest is constant."""
+    found = _operand_moments(op, env)
+    if isinstance(found, Refusal):
+        return found
+    a, b = found
+    sign = -1.0 if op.name == "stablehlo.subtract" else 1.0
+    if op.operands[0] == op.operands[1]:  # x + x, x - x: one value, twice
+        assert isinstance(a, Moments)
+        if a.normal is not None:
+            return Moments.of(a.axis, a.normal.affine(1.0 + sign, 0.0))
+        return Moments(a.axis, a.mean * (1.0 + sign))
+    if isinstance(a, Moments) and isinstance(b, Moments):
+        return Moments(a.axis, a.mean + sign * b.mean)
+    if isinstance(a, Moments):
+        assert isinstance(b, np.ndarray)
+        return _affine(a, 1.0, sign * b)
+    assert isinstance(b, Moments) and isinstance(a, np.ndarray)
+    return _affine(b, sign, a)
+
+
+def _affine(x: Moments, a: np.ndarray | float, b: np.ndarray | float) -> Moments:
+    if x.normal is not None:
+        return Moments.of(x.axis, x.normal.affine(a, b))
+    return Moments(x.axis, np.asarray(a) * x.mean + b)
+
+
+def _extremum_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    """max(x, c) / min(x, c) of a clipped normal x: clips it further."""
+    found = _operand_moments(op, env)
+    if isinstance(found, Refusal):
+        return found
+    reached = [v for v in found if isinstance(v, Moments)]
+    if len(reached) != 1:
+        return Refusal(Code.NO_STATISTICS, f"{_short(op)} of two values: the mean of the "
+                                           "larger one is not modeled")
+    x = reached[0]
+    bound = next(v for v in found if not isinstance(v, Moments))
+    normal = _normal(op, x)
+    if isinstance(normal, Refusal):
+        return normal
+    inf = np.full_like(bound, np.inf)
+    lo, hi = (bound, inf) if op.name == "stablehlo.maximum" else (-inf, bound)
+    return Moments.of(x.axis, normal.clip(lo, hi))
+
+
+def _clamp_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    """clamp(lo, x, hi) of a clipped normal x (ReLU6): clips it further."""
+    found = _operand_moments(op, env)
+    if isinstance(found, Refusal):
+        return found
+    lo, x, hi = found
+    if not isinstance(x, Moments) or isinstance(lo, Moments) or isinstance(hi, Moments):
+        return Refusal(Code.NO_STATISTICS, "clamp with bounds that are not constant")
+    normal = _normal(op, x)
+    if isinstance(normal, Refusal):
+        return normal
+    return Moments.of(x.axis, normal.clip(lo, hi))
+
+
+def _compare_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    return Refusal(Code.NOT_HOMOGENEOUS, "a comparison result read as a value")
+
+
+_ABOVE = {"GT": True, "GE": True, "LT": False, "LE": False}
+
+
+def _select_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    """select(x > t, a, b) of a normal x (a thresholded ReLU), where each of a and b is x
+    or a constant: E[a; x > t] + E[b; x <= t]."""
+    compare = defining_op(op.operands[0])
+    if compare is None or compare.name != "stablehlo.compare" or \
+            attributes.comparison_direction(compare) not in _ABOVE:
+        return Refusal(Code.NO_STATISTICS, "select by a predicate other than x > t or x < t")
+    above = _ABOVE[attributes.comparison_direction(compare)]
+    reached = [i for i, v in enumerate(compare.operands) if env.constant(v) is None]
+    if len(reached) != 1:
+        return Refusal(Code.NO_STATISTICS, "select by a comparison of two values")
+    x_value = compare.operands[reached[0]]
+    if reached[0] == 1:  # t > x is x < t
+        above = not above
+    x = env.moments(x_value)
+    if not isinstance(x, Moments):
+        return x if isinstance(x, Refusal) else Refusal(Code.NO_STATISTICS, "select of constants")
+    normal = _normal(op, x)
+    if isinstance(normal, Refusal):
+        return normal
+    if not normal.unbounded:
+        return Refusal(Code.NO_STATISTICS, "select of a value an activation already bounded")
+    channels = x.mean.size
+    const = env.constant(compare.operands[1 - reached[0]])
+    assert const is not None
+    threshold = vector(const, x.axis, channels)
+    if isinstance(threshold, Refusal):
+        return threshold
+    mean = np.zeros(channels)
+    for value, taken in ((op.operands[1], above), (op.operands[2], not above)):
+        if value == x_value:
+            part, _ = partial_mean(normal.mu, normal.sigma, threshold, taken)
+        else:
+            branch = env.constant(value)
+            if branch is None:
+                return Refusal(Code.NO_STATISTICS, "select of a value other than the compared "
+                                                   "one and constants (its mean is not modeled)")
+            c = vector(branch, x.axis, channels)
+            if isinstance(c, Refusal):
+                return c
+            _, chance = partial_mean(normal.mu, normal.sigma, threshold, taken)
+            part = c * chance
+        mean = mean + part
+    return Moments(x.axis, mean)
+
+
+def _by_constant_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    """E[x * c] = E[x] c and E[x / c] = E[x] / c for a per-channel constant c."""
+    found = _operand_moments(op, env)
+    if isinstance(found, Refusal):
+        return found
+    a, b = found
+    if isinstance(a, Moments) == isinstance(b, Moments):
+        return Refusal(Code.NO_STATISTICS, f"{_short(op)} of two values: E[xy] needs their "
+                                           "correlation")
+    if op.name == "stablehlo.divide" and isinstance(b, Moments):
+        return Refusal(Code.NO_STATISTICS, "c / x: its mean is not E[c] / E[x]")
+    x, c = (a, b) if isinstance(a, Moments) else (b, a)
+    assert isinstance(x, Moments) and isinstance(c, np.ndarray)
+    return _affine(x, 1.0 / c if op.name == "stablehlo.divide" else c, 0.0)
+
+
+def _negate_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    x = env.moments(op.operands[0])
+    if not isinstance(x, Moments):
+        return x or Refusal(Code.NO_STATISTICS, "negate of a constant")
+    return _affine(x, -1.0, 0.0)
+
+
+def _abs_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    """|x| of a clipped normal: E[max(x, 0)] + E[max(-x, 0)]."""
+    x = env.moments(op.operands[0])
+    if not isinstance(x, Moments):
+        return x or Refusal(Code.NO_STATISTICS, "abs of a constant")
+    normal = _normal(op, x)
+    if isinstance(normal, Refusal):
+        return normal
+    zero, inf = np.zeros_like(x.mean), np.full_like(x.mean, np.inf)
+    positive = normal.clip(zero, inf).mean()
+    negative = normal.affine(-1.0, 0.0).clip(zero, inf).mean()
+    return Moments(x.axis, positive + negative)
+
+
+def _convert_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    """A float convert keeps the mean (it rounds each value by at most half an ulp)."""
+    if not _float_convert(op):
+        return Refusal(Code.NO_STATISTICS, "a convert to or from an integer type")
+    x = env.moments(op.operands[0])
+    return x if x is not None else Refusal(Code.NO_STATISTICS, "convert of a constant")
+
+
+def _layout_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    x = env.moments(op.operands[0])
+    if not isinstance(x, Moments):
+        return x or Refusal(Code.NO_STATISTICS, f"{_short(op)} of a constant")
+    moved = _layout_axis(op, x.axis)
+    if isinstance(moved, Refusal):
+        return moved
+    return Moments(moved, x.mean, x.normal)
+
+
+def _pad_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    return Refusal(Code.PADDING, "a pad makes the mean vary near the borders; its share is "
+                                 "modeled only when the layer reads the pad directly")
+
+
+def _pool_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
+    """A sum over a window (or reduced axes) without padding: E[x] times the taps."""
+    x = env.moments(op.operands[0])
+    if not isinstance(x, Moments):
+        return x or Refusal(Code.NO_STATISTICS, f"{_short(op)} of a constant")
+
+    channel_axis = x.axis
+
+    class _Axes:  # `pool` reads the init value and the channel axis through an Env
+        def axis(self, value: ir.Value) -> int | None:
+            return channel_axis if value == op.operands[0] else None
+
+        def interval(self, value: ir.Value) -> Interval:
+            raise NotImplementedError
+
+        def constant(self, value: ir.Value) -> Const | None:
+            return env.constant(value)
+
+    found = pool(op, x.axis, _Axes())
+    if isinstance(found, Refusal):
+        return found
+    if found.kind != "add":
+        return Refusal(Code.NO_STATISTICS, f"the mean of a {found.kind} pool is not modeled "
+                                           "(it depends on the whole distribution)")
+    if found.padded:
+        return Refusal(Code.PADDING, "a sum pool that reads padding: border windows sum fewer "
+                                     "values")
+    return Moments(_pool_axis(op, x.axis), x.mean * found.taps)
+
+
 # --- the table ------------------------------------------------------------------------------
 
 
 def _law(summary: str, scale: Callable[[ir.Operation, Env], Scaled | Refusal],
          shift: Callable[[ir.Operation, Env], Shifted | Refusal],
          precision: Callable[[ir.Operation], Precision],
-         interval: Callable[[ir.Operation, Env], Interval]) -> Law:
-    return Law(summary, scale, shift, precision, interval)
+         interval: Callable[[ir.Operation, Env], Interval],
+         mean: Callable[[ir.Operation, MeanEnv], Moments | Refusal]) -> Law:
+    return Law(summary, scale, shift, precision, interval, mean)
 
 
 _ACTIVATION_SHIFT = _no_shift("it is the activation (high-bias absorption's own role)")
 
 LAWS: dict[str, Law] = {
     "stablehlo.add": _law("x/s + c/s = (x + c)/s; a shift passes", _binary_scale, _add_shift,
-                          _rounds, _add_interval),
+                          _rounds, _add_interval, _add_mean),
     "stablehlo.subtract": _law("x/s - c/s = (x - c)/s; a shift passes (negated in c - x)",
-                               _binary_scale, _add_shift, _rounds, _add_interval),
+                               _binary_scale, _add_shift, _rounds, _add_interval, _add_mean),
     "stablehlo.maximum": _law("max(x/s, c/s) = max(x, c)/s (ReLU); no shift", _binary_scale,
-                              _ACTIVATION_SHIFT, _exact, _extremum_interval),
+                              _ACTIVATION_SHIFT, _exact, _extremum_interval, _extremum_mean),
     "stablehlo.minimum": _law("min(x/s, c/s) = min(x, c)/s; no shift", _binary_scale,
-                              _ACTIVATION_SHIFT, _exact, _extremum_interval),
+                              _ACTIVATION_SHIFT, _exact, _extremum_interval, _extremum_mean),
     "stablehlo.clamp": _law("clamp(lo/s, x/s, hi/s) = clamp(lo, x, hi)/s (ReLU6 becomes a "
                             "per-channel clamp); no shift", _clamp_scale, _ACTIVATION_SHIFT,
-                            _exact, _clamp_interval),
+                            _exact, _clamp_interval, _clamp_mean),
     "stablehlo.compare": _law("compare(x/s, c/s) = compare(x, c), c divided in x's type "
                               "(never the i1 result's); no shift", _compare_scale,
                               _no_shift("a comparison is not shift-invariant"), _exact,
-                              _compare_interval),
+                              _compare_interval, _compare_mean),
     "stablehlo.select": _law("select(p, x/s, c/s) = select(p, x, c)/s (leaky ReLU, thresholds); "
                              "no shift", _select_scale, _no_shift("a select is an activation"),
-                             _exact, _select_interval),
+                             _exact, _select_interval, _select_mean),
     "stablehlo.multiply": _law("(x/s) * c = (x * c)/s; a shift t becomes t * c (c per channel)",
                                _by_constant_scale, _by_constant_shift, _rounds,
-                               _by_constant_interval),
+                               _by_constant_interval, _by_constant_mean),
     "stablehlo.divide": _law("(x/s) / c = (x / c)/s (not c / x); a shift t becomes t / c",
                              _by_constant_scale, _by_constant_shift, _rounds,
-                             _by_constant_interval),
+                             _by_constant_interval, _by_constant_mean),
     "stablehlo.negate": _law("-(x/s) = (-x)/s; a shift is negated", _unary_scale, _negate_shift,
-                             _exact, _negate_interval),
+                             _exact, _negate_interval, _negate_mean),
     "stablehlo.abs": _law("|x/s| = |x|/s for s > 0; no shift", _unary_scale,
-                          _no_shift("|x + t| != |x| + t"), _exact, _abs_interval),
+                          _no_shift("|x + t| != |x| + t"), _exact, _abs_interval, _abs_mean),
     "stablehlo.convert": _law("convert(x/s) = convert(x)/s (float to float); a narrowing "
                               "convert rounds where it stands", _unary_scale, _same_shift,
-                              _convert_precision, _same_interval),
+                              _convert_precision, _same_interval, _convert_mean),
     "stablehlo.reshape": _law("moves the channel axis if it stays whole", _layout_scale,
-                              _layout_shift, _exact, _same_interval),
+                              _layout_shift, _exact, _same_interval, _layout_mean),
     "stablehlo.transpose": _law("moves the channel axis", _layout_scale, _layout_shift, _exact,
-                                _same_interval),
+                                _same_interval, _layout_mean),
     "stablehlo.broadcast_in_dim": _law("moves the channel axis unless it expands it",
-                                       _layout_scale, _layout_shift, _exact, _same_interval),
+                                       _layout_scale, _layout_shift, _exact, _same_interval, _layout_mean),
     "stablehlo.pad": _law("pad(x/s, v) = pad(x, v)/s for v in {0, +-inf}, not on channels; "
                           "no shift (padding stays 0)", _pad_scale,
-                          _no_shift("the padding would not be shifted"), _exact, _pad_interval),
+                          _no_shift("the padding would not be shifted"), _exact, _pad_interval, _pad_mean),
     "stablehlo.reduce_window": _law("sum/max/min pooling not across channels, neutral init; a "
                                     "shift passes a max pool, and a sum pool without padding "
                                     "times its window", _pool_scale, _pool_shift,
-                                    _pool_precision, _pool_interval),
+                                    _pool_precision, _pool_interval, _pool_mean),
     "stablehlo.reduce": _law("sum/max/min over non-channel axes, neutral init; a shift passes "
                              "(times the reduced size for a sum)", _pool_scale, _pool_shift,
-                             _pool_precision, _pool_interval),
+                             _pool_precision, _pool_interval, _pool_mean),
 }
 
 # Ops that are not positively homogeneous: a walk stops at them with this name.

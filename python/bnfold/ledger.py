@@ -28,7 +28,7 @@ import numpy as np
 from bnfold.graph import function_name
 from bnfold.ir import format_location, ir
 from bnfold.refusal import Refusal
-from bnfold.report import Equalized, Fold, Report, Skip
+from bnfold.report import Equalized, Fold, Quantized, Report, Skip
 from bnfold.rewriter import Handle, Rewriter
 
 NodeRef = tuple[str, str]  # (Model Explorer graph id, node id), see bnfold.overlay
@@ -91,6 +91,9 @@ class Ledger:
         # each forward fold and the producer it built (merge-bias looks after them)
         self.forward_producers: list[tuple[Fold, ir.Operation]] = []
         self._statistics: dict[Handle, Statistics] = {}
+        self.quantize = False
+        self.quantized: list[Quantized] = []
+        self._not_quantized: list[Skip] = []
         rewriter.listen(self)
 
     def location(self, op: ir.Operation) -> str:
@@ -133,6 +136,10 @@ class Ledger:
     def refuse_equalization(self, op: ir.Operation, refusal: Refusal) -> None:
         """Layer 1 `op` was not equalized with the layer after it, because `refusal`."""
         self._not_equalized.append(self._skip(op, refusal))
+
+    def refuse_quantization(self, op: ir.Operation, refusal: Refusal) -> None:
+        """Producer `op`'s weight was not quantized, because `refusal`."""
+        self._not_quantized.append(self._skip(op, refusal))
 
     def _skip(self, op: ir.Operation, refusal: Refusal) -> Skip:
         key = self._rewriter.handle(op)
@@ -186,4 +193,5 @@ class Ledger:
         return Report(folds=list(self._folds), skipped=list(self._refusals.values()),
                       expanded=self.expanded, inlined=list(self.inlined),
                       equalized=list(self.equalized), not_equalized=list(self._not_equalized),
-                      equalize=self.equalize)
+                      equalize=self.equalize, quantized=list(self.quantized),
+                      not_quantized=list(self._not_quantized), quantize=self.quantize)

@@ -74,11 +74,19 @@ class FoldOptions:
         layer's bias that its ReLU/clamp almost surely passes (beta - 3*gamma,
         from the folded batch norm's statistics) moves into the next layer's
         bias. Exact for every input within 3 sigma; the report says how much.
+    quantize_weights: "int4" .. "int16": after everything else, every
+        constant convolution/dot_general weight becomes a signed integer
+        constant with a symmetric scale, dequantized in the graph (QDQ).
+    quantize_granularity: "per-tensor" (None, the default) or "per-channel".
+    bias_correction: with `quantize_weights`, analytic bias correction: the
+        expected output shift of each quantized layer, `(W_q - W) E[x]` with
+        E[x] from the folded batch norms before it, leaves its bias.
     statistics: recover each decomposed batch norm's gamma, beta, mean,
         variance and epsilon from its constants into `Fold.params` (the
         report's `.npz`). On by default; `bnfold-opt` turns it off unless
         `--report-params` asks for them (1 in 10 of a small-layer fold's time).
-        High-bias absorption recovers them whatever this says.
+        Equalization, high-bias absorption and bias correction recover them
+        whatever this says (`needs_statistics`).
     """
 
     disable: Collection[str] = _option(frozenset(), Meta(
@@ -106,6 +114,22 @@ class FoldOptions:
         "with --equalize: move the part of layer 1's bias that the activation passes for "
         "every input within 3 sigma (beta - 3*gamma of its batch norm) into layer 2's bias",
         flag="--absorb-high-bias", pass_option="absorb-high-bias", requires="equalize"))
+    quantize_weights: str | None = _option(None, Meta(
+        "after folding (and --equalize), store every constant convolution/dot_general weight "
+        "as BITS-bit signed integers with a symmetric scale, dequantized in the graph "
+        "(convert + multiply) so any StableHLO consumer runs it",
+        kind=Kind.CHOICE, flag="--quantize-weights", pass_option="quantize-weights",
+        metavar="BITS", choices=tuple(f"int{b}" for b in range(4, 17))))
+    quantize_granularity: str | None = _option(None, Meta(
+        "one scale per weight tensor (per-tensor, the default: what equalization serves) "
+        "or per output channel",
+        kind=Kind.CHOICE, flag="--quantize-granularity", pass_option="quantize-granularity",
+        metavar="G", choices=("per-tensor", "per-channel"), requires="quantize_weights"))
+    bias_correction: bool = _option(False, Meta(
+        "with --quantize-weights: remove the expected output shift (W_q - W) E[x] of each "
+        "quantized layer from its bias, E[x] from the folded batch norms before it "
+        "(analytic, no data)",
+        flag="--bias-correction", pass_option="bias-correction", requires="quantize_weights"))
     statistics: bool = _option(True, Meta(
         "recover each decomposed batch norm's statistics into the report's params"))
 
@@ -114,6 +138,17 @@ class FoldOptions:
             if _meta(f.name).kind is Kind.NAMES:
                 object.__setattr__(self, f.name, _names(getattr(self, f.name)))
         _validate(self)
+
+    @property
+    def needs_statistics(self) -> bool:
+        """Whether folds record their batch norms' statistics: for the report's params, the
+        range check of equalization, high-bias absorption and bias correction."""
+        return self.statistics or self.equalize or self.absorb_high_bias or self.bias_correction
+
+    @property
+    def bits(self) -> int | None:
+        """The weight bits of `quantize_weights` ("int8" -> 8), or None."""
+        return int(self.quantize_weights[3:]) if self.quantize_weights else None
 
     def enabled(self, name: str, opt_in: str | None = None) -> bool:
         """Whether pattern `name` runs: not disabled, and its opt-in option (if any) set."""
@@ -166,8 +201,9 @@ def _validate(options: FoldOptions) -> None:
         value = getattr(options, name)
         if meta.kind is Kind.CHOICE and value is not None and value not in meta.choices:
             raise OptionError(f"'{value}' is not one of " + ", ".join(meta.choices), field=name)
-        if meta.requires and value and not getattr(options, meta.requires):
-            raise OptionError("it needs {" + meta.requires + "} too (it runs after it)",
+        if meta.requires and value != _FIELDS[name].default and value and \
+                not getattr(options, meta.requires):
+            raise OptionError("it needs {" + meta.requires + "} too (it works on its result)",
                               field=name)
 
 
@@ -216,6 +252,7 @@ class PassSpec:
     description: str
     fixed: Mapping[str, Any] = field(default_factory=dict)
     only: tuple[str, ...] | None = None  # the fields it takes as options (None: all not fixed)
+    defaults: Mapping[str, Any] = field(default_factory=dict)  # its own defaults (options win)
 
     def _takes(self, name: str) -> bool:
         return _meta(name).pass_option is not None and name not in self.fixed and \
@@ -236,7 +273,7 @@ class PassSpec:
         if unknown:
             raise OptionError(f"{self.name} has no option {', '.join(unknown)}; its options: "
                               f"{', '.join(sorted(o for o in by_option if o))}")
-        values: dict[str, Any] = dict(self.fixed)
+        values: dict[str, Any] = {**self.defaults, **self.fixed}
         for option, text in given.items():
             name = by_option[option]
             values[name] = _parse(name, text, self)

@@ -112,6 +112,47 @@ class Equalized:
 
 
 @dataclass
+class Quantized:
+    """One weight stored as integers (--quantize-weights), and its bias correction."""
+
+    id: str
+    producer: str
+    producer_op: str
+    function: str
+    bits: int
+    granularity: str  # "per-tensor" or "per-channel"
+    storage: str  # the integer type of the stored constant: "i4", "i8" or "i16"
+    axis: int  # the kernel axis of output channels (the per-channel scales' axis)
+    weight_sqnr_db: float  # 10 log10(sum W^2 / sum (W_q - W)^2) against the float weight
+    # {"applied": true, "channels": n, "max_shift": x, "mean_shift": y} or
+    # {"applied": false, "code": ..., "reason": ...}; None without --bias-correction
+    bias_correction: dict[str, Any] | None = None
+    # "scale": one value per tensor or per output channel; "bias_shift": the expected
+    # output shift taken out of the bias (per output channel)
+    params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        scale = self.params["scale"]
+        return {
+            "id": self.id, "producer": self.producer, "producer_op": self.producer_op,
+            "function": self.function, "bits": self.bits, "granularity": self.granularity,
+            "storage": self.storage, "axis": self.axis,
+            "scale": float(scale) if scale.ndim == 0 else [float(v) for v in scale],
+            "weight_sqnr_db": self.weight_sqnr_db,
+        } | ({"bias_correction": self.bias_correction} if self.bias_correction is not None
+             else {})
+
+    def encoding(self) -> list[dict[str, Any]]:
+        """AIMET's encoding entries, one per tensor or per output channel: symmetric, in its
+        signed-offset convention (offset -2^(bits-1), min = offset * scale, max = (2^(bits-1)
+        - 1) * scale; bnfold's integers use [-(2^(bits-1) - 1), 2^(bits-1) - 1] of that grid)."""
+        low = 2 ** (self.bits - 1)
+        return [{"bitwidth": self.bits, "dtype": "int", "is_symmetric": "True",
+                 "scale": float(v), "offset": -low, "min": -low * float(v),
+                 "max": (low - 1) * float(v)} for v in np.atleast_1d(self.params["scale"])]
+
+
+@dataclass
 class Report:
     """What one run of the pass did.
 
@@ -125,6 +166,10 @@ class Report:
     equalized / not_equalized
              with --equalize: each set of layers equalized (`Equalized`), and
              each pair that was not, with the reason (`Skip`, op = layer 1).
+    quantized / not_quantized
+             with --quantize-weights: each weight stored as integers
+             (`Quantized`: bits, scales, weight SQNR, bias correction), and
+             each producer whose weight was not, with the reason (`Skip`).
 
     `summary()` is the CLI's one-line summary, `dumps()` the JSON report,
     `table()` the text one, `save_params()` the statistics as .npz.
@@ -137,6 +182,9 @@ class Report:
     equalized: list[Equalized] = field(default_factory=list)
     not_equalized: list[Skip] = field(default_factory=list)
     equalize: bool = False  # equalization ran (the JSON then has its two lists)
+    quantized: list[Quantized] = field(default_factory=list)
+    not_quantized: list[Skip] = field(default_factory=list)
+    quantize: bool = False  # weight quantization ran (the JSON then has its two lists)
 
     def merge(self, other: Report) -> None:
         offset = len(self.folds)
@@ -152,6 +200,12 @@ class Report:
         self.equalized.extend(other.equalized)
         self.not_equalized.extend(other.not_equalized)
         self.equalize = self.equalize or other.equalize
+        offset = len(self.quantized)
+        for q in other.quantized:
+            q.id = f"q{offset + int(q.id[1:])}"
+        self.quantized.extend(other.quantized)
+        self.not_quantized.extend(other.not_quantized)
+        self.quantize = self.quantize or other.quantize
 
     def to_json(self) -> dict[str, Any]:
         data = {"folds": [f.to_json() for f in self.folds],
@@ -160,7 +214,22 @@ class Report:
         if self.equalize:
             data["equalized"] = [e.to_json() for e in self.equalized]
             data["not_equalized"] = [s.to_json() for s in self.not_equalized]
+        if self.quantize:
+            data["quantized"] = [q.to_json() for q in self.quantized]
+            data["not_quantized"] = [s.to_json() for s in self.not_quantized]
         return data
+
+    def encodings(self) -> dict[str, Any]:
+        """The quantized weights as an AIMET-style encodings file (`--quant-encodings`):
+        `{"version": ..., "param_encodings": {producer location: [entry, ...]}}`; a producer
+        inlined into several call sites has one key per copy (`loc#1`, ...)."""
+        found: dict[str, Any] = {}
+        for q in self.quantized:
+            key, n = q.producer, 1
+            while key in found:
+                key, n = f"{q.producer}#{n}", n + 1
+            found[key] = q.encoding()
+        return {"version": "0.6.1", "activation_encodings": {}, "param_encodings": found}
 
     def dumps(self) -> str:
         import json  # only when a report is written (start-up time)
@@ -199,6 +268,9 @@ class Report:
         if self.equalize:
             lines.append("")
             lines += self._equalize_table()
+        if self.quantize:
+            lines.append("")
+            lines += self._quantize_table()
         lines += ["", self.summary()]
         return "\n".join(lines) + "\n"
 
@@ -221,10 +293,30 @@ class Report:
             lines += _columns(missed)
         return lines
 
+    def _quantize_table(self) -> list[str]:
+        lines: list[str] = []
+        if self.quantized:
+            rows = [("weight", "producer", "bits", "granularity", "weight SQNR dB",
+                     "bias correction")]
+            rows += [(q.id, q.producer, str(q.bits), q.granularity, f"{q.weight_sqnr_db:.1f}",
+                      _correction_text(q.bias_correction)) for q in self.quantized]
+            lines += _columns(rows)
+        else:
+            lines.append("nothing quantized")
+        if self.not_quantized:
+            lines.append("")
+            missed = [("not quantized", "producer", "op name", "code", "reason")]
+            missed += [(str(i), s.op, s.op_name, s.code, s.reason)
+                       for i, s in enumerate(self.not_quantized, 1)]
+            lines += _columns(missed)
+        return lines
+
     def params(self) -> dict[str, np.ndarray]:
-        """Flat `{"fold0/gamma": array, ..., "eq0/scale0": array}` for every fold and set."""
+        """Flat `{"fold0/gamma": array, ..., "eq0/scale0": array, "q0/scale": array}` for
+        every fold, equalized set and quantized weight."""
         found = {f"{fold.id}/{k}": v for fold in self.folds for k, v in fold.params.items()}
-        return found | {f"{eq.id}/{k}": v for eq in self.equalized for k, v in eq.params.items()}
+        found |= {f"{eq.id}/{k}": v for eq in self.equalized for k, v in eq.params.items()}
+        return found | {f"{q.id}/{k}": v for q in self.quantized for k, v in q.params.items()}
 
     def params_npz(self) -> bytes:
         import io
@@ -257,11 +349,29 @@ class Report:
             if self.equalized:
                 text += f" ({_count(e.kind for e in self.equalized)})"
             text += f", {len(self.not_equalized)} pair(s) not equalized"
+        if self.quantize:
+            text += f", quantized {len(self.quantized)} weight(s)"
+            if self.quantized:
+                text += f" ({_count(f'int{q.bits} {q.granularity}' for q in self.quantized)})"
+            corrections = [q.bias_correction for q in self.quantized if q.bias_correction]
+            if corrections:
+                applied = sum(1 for c in corrections if c["applied"])
+                text += f", bias-corrected {applied} ({len(corrections) - applied} not)"
+            if self.not_quantized:
+                text += f", {len(self.not_quantized)} not quantized"
         text += _bind_hint(self)
         return text
 
 
 _PARAMETER, _KERNEL = "parameter-argument", "kernel-argument"
+
+
+def _correction_text(correction: dict[str, Any] | None) -> str:
+    if correction is None:
+        return "-"
+    if correction["applied"]:
+        return f"{correction['channels']} channels, max |shift| {correction['max_shift']:.3g}"
+    return f"not applied ({correction['code']}): {correction['reason']}"
 
 
 def _bind_hint(report: Report) -> str:

@@ -155,3 +155,18 @@ def bias_adds(result: ir.Value, out_axis: int, analysis: Analysis) -> BiasAdds |
         ops.append(user)
         value = user.results[0]
     return BiasAdds(tuple(ops), total) if total is not None else None
+
+
+def mean_through(op: ir.Operation, mapping: producers.InputScaleMap, values: np.ndarray,
+                 mean: np.ndarray, padding: np.ndarray | None = None,
+                 unpadded: ir.RankedTensorType | None = None) -> tuple[np.ndarray, int] | Refusal:
+    """E[producer(x)] per output channel, averaged over the output positions, for an input
+    whose channels have mean `mean` (zero padding, lhs_dilation holes: their border share),
+    with `values` the kernel in float64; and the output axis. Linear: E[K x] = K E[x]."""
+    if op.name == "stablehlo.convolution":
+        win = border.window(op, padding, unpadded)
+        if isinstance(win, Refusal):
+            return win
+        weighted = values * mapping.expand(mean, values.shape)
+        return border.mean_output(op, win, weighted), producers.conv_dims(op).output_feature_dimension
+    return shift_bias(op, mapping, values, mean)

@@ -67,6 +67,11 @@ REGISTRY: tuple[Entry, ...] = (
           "move the bias a ReLU passes for every input within 3 sigma into the next layer "
           "(opt-in: --absorb-high-bias)",
           "bnfold.quant.high_bias", Stage.QUANTIZE, opt_in="absorb_high_bias"),
+    Entry("quantize-weights",
+          "store every constant convolution/dot_general weight as signed integers with a "
+          "symmetric scale, dequantized in the graph, with analytic bias correction if asked "
+          "(opt-in: --quantize-weights)",
+          "bnfold.quant.weights", Stage.QUANTIZE, opt_in="quantize_weights"),
 )
 
 FOLDING = ("backward-affine", "forward-affine")
@@ -80,6 +85,9 @@ PASSES: tuple[PassSpec, ...] = (
              only=("skip_functions",)),
     PassSpec("bnfold-equalize", "fold, then equalize the weight ranges of consecutive layers "
                                 "(cross-layer equalization)", fixed={"equalize": True}),
+    PassSpec("bnfold-quantize-weights", "fold, then store the weights as integers (int8 per "
+                                        "tensor unless its options say otherwise)",
+             defaults={"quantize_weights": "int8"}),
 )
 
 

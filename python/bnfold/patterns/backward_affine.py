@@ -328,7 +328,7 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
         for extra in applied.producers[1:]:  # the other branches of a multi-platform case
             ctx.ledger.fold_carried_by(fold, extra)
         options = ctx.options
-        if options.statistics or options.absorb_high_bias:
+        if options.needs_statistics:
             evaluator = ctx.analysis.evaluator
             if "gamma" not in fold.params and fold.kind == "normalization":
                 fold.params.update(statistics.recover(steps, plan.affine, evaluator) or {})

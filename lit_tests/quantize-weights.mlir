@@ -1,0 +1,66 @@
+// RUN: %bnfold-opt --quantize-weights int8 --split-input-file %s | %filecheck %s --check-prefixes=CHECK,INT8
+// RUN: %bnfold-opt --quantize-weights int8 --quantize-granularity per-channel --split-input-file %s | %filecheck %s --check-prefixes=CHECK,CHANNEL
+// RUN: %bnfold-opt --quantize-weights int4 --split-input-file %s | %filecheck %s --check-prefixes=CHECK,INT4
+// RUN: %bnfold-opt --quantize-weights int8 --bias-correction --split-input-file %s | %filecheck %s --check-prefixes=CHECK,INT8,BIAS
+
+// The weight becomes integers and one scale (max |W| / 127 = 0.01; -0.635 / 0.01 =
+// -63.5 rounds to even), dequantized in the graph: convert, then multiply by the
+// scale broadcast to the kernel (per channel: along o, 0.01 and 0.005).
+
+// CHECK-LABEL: @qdq
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x4x4x2xf32>)
+// INT8:          %[[Q:.+]] = stablehlo.constant dense<{{\[\[\[\[}}127, -64], [30, 0]]]]> : tensor<1x1x2x2xi8>
+// INT8-NEXT:     %[[F:.+]] = stablehlo.convert %[[Q]] : (tensor<1x1x2x2xi8>) -> tensor<1x1x2x2xf32>
+// INT8-NEXT:     %[[S:.+]] = stablehlo.constant dense<0.00999999977> : tensor<f32>
+// INT8-NEXT:     %[[SB:.+]] = stablehlo.broadcast_in_dim %[[S]], dims = [] : (tensor<f32>) -> tensor<1x1x2x2xf32>
+// CHANNEL:       %[[Q:.+]] = stablehlo.constant dense<{{\[\[\[\[}}127, -127], [30, 1]]]]> : tensor<1x1x2x2xi8>
+// CHANNEL-NEXT:  %[[F:.+]] = stablehlo.convert %[[Q]] : (tensor<1x1x2x2xi8>) -> tensor<1x1x2x2xf32>
+// CHANNEL-NEXT:  %[[S:.+]] = stablehlo.constant dense<[0.00999999977, 5.000000e-03]> : tensor<2xf32>
+// CHANNEL-NEXT:  %[[SB:.+]] = stablehlo.broadcast_in_dim %[[S]], dims = [3] : (tensor<2xf32>) -> tensor<1x1x2x2xf32>
+// INT4:          %[[Q:.+]] = stablehlo.constant dense<{{\[\[\[\[}}7, -4], [2, 0]]]]> : tensor<1x1x2x2xi4>
+// INT4-NEXT:     %[[F:.+]] = stablehlo.convert %[[Q]] : (tensor<1x1x2x2xi4>) -> tensor<1x1x2x2xf32>
+// INT4-NEXT:     %[[S:.+]] = stablehlo.constant dense<0.181428567> : tensor<f32>
+// INT4-NEXT:     %[[SB:.+]] = stablehlo.broadcast_in_dim %[[S]], dims = []
+// CHECK-NEXT:    %[[W:.+]] = stablehlo.multiply %[[F]], %[[SB]] : tensor<1x1x2x2xf32>
+// CHECK-NEXT:    %[[Y:.+]] = stablehlo.convolution(%[[X]], %[[W]])
+// CHECK-NEXT:    return %[[Y]]
+func.func @qdq(%x: tensor<1x4x4x2xf32>) -> tensor<1x4x4x2xf32> {
+  %k = stablehlo.constant dense<[[[[1.27, -0.635], [0.3, 0.005]]]]> : tensor<1x1x2x2xf32>
+  %y = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x4x4x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x4x4x2xf32>
+  return %y : tensor<1x4x4x2xf32>
+}
+
+// -----
+
+// Bias correction. The first layer reads the function's argument: nothing says what its
+// input looks like, so it is quantized uncorrected (the report says why). Its batch
+// norm makes its pre-activation N(2, 1) in channel 0 and N(-1, 0.5^2) in channel 1; after
+// the ReLU E[x] = 2 Phi(2) + phi(2) = 2.008490 and -Phi(-2) + 0.5 phi(-2) = 0.008491.
+// Layer 2's weight [0.3, 1.0] quantizes to [38, 127] / 127: its error is [-0.000787, 0], so
+// the expected output shift is -0.000787 * 2.008490 = -0.001581, which the bias (0.5)
+// takes back: 0.501581.
+
+// CHECK-LABEL: @bias_correction
+// CHECK:         stablehlo.convolution
+// INT8:          %[[Q2:.+]] = stablehlo.constant dense<{{\[\[\[\[}}38], [127]]]]> : tensor<1x1x2x1xi8>
+// CHANNEL:       %[[Q2:.+]] = stablehlo.constant dense<{{\[\[\[\[}}38], [127]]]]> : tensor<1x1x2x1xi8>
+// INT4:          %[[Q2:.+]] = stablehlo.constant dense<{{\[\[\[\[}}2], [7]]]]> : tensor<1x1x2x1xi4>
+// CHECK:         %[[Z:.+]] = stablehlo.convolution
+// BIAS-NEXT:     %[[B:.+]] = stablehlo.constant dense<0.50158{{[0-9]*}}> : tensor<1xf32>
+// INT8-NOT:      stablehlo.constant dense<0.50158
+func.func @bias_correction(%x: tensor<1x4x4x1xf32>) -> tensor<1x4x4x1xf32> {
+  %k1 = stablehlo.constant dense<[[[[1.0, 1.0]]]]> : tensor<1x1x1x2xf32>
+  %y = stablehlo.convolution(%x, %k1) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x4x4x1xf32>, tensor<1x1x1x2xf32>) -> tensor<1x4x4x2xf32>
+  %g = stablehlo.constant dense<[1.0, 0.5]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[2.0, -1.0]> : tensor<2xf32>
+  %m = stablehlo.constant dense<[0.0, 0.0]> : tensor<2xf32>
+  %v = stablehlo.constant dense<[1.0, 1.0]> : tensor<2xf32>
+  %n = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {epsilon = 0.0 : f32, feature_index = 3 : i64} : (tensor<1x4x4x2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x4x4x2xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<1x4x4x2xf32>
+  %r = stablehlo.maximum %n, %zero : tensor<1x4x4x2xf32>
+  %k2 = stablehlo.constant dense<[[[[0.3], [1.0]]]]> : tensor<1x1x2x1xf32>
+  %z = stablehlo.convolution(%r, %k2) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x4x4x2xf32>, tensor<1x1x2x1xf32>) -> tensor<1x4x4x1xf32>
+  %c = stablehlo.constant dense<0.5> : tensor<1x4x4x1xf32>
+  %o = stablehlo.add %z, %c : tensor<1x4x4x1xf32>
+  return %o : tensor<1x4x4x1xf32>
+}

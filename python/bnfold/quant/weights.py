@@ -1,0 +1,386 @@
+"""quantize-weights: every constant convolution/dot_general weight as signed integers.
+
+Symmetric quantization, one scale per tensor (the default: what equalization
+serves) or per output channel: `scale = max|W| / qmax` with `qmax =
+2^(bits-1) - 1`, rounded once to the weight's float type, and `q =
+round_half_even(W / scale)` in [-qmax, qmax], stored as `i4`, `i8` or `i16`
+and dequantized in the graph, so XLA, IREE and every StableHLO consumer run
+the module as it is (QDQ). Before:
+
+    %k = stablehlo.constant dense<...> : tensor<3x3x16x32xf32>
+    %y = stablehlo.convolution(%x, %k) ...
+    %b = stablehlo.add %y, %bias_b
+
+After (int8 per tensor, with --bias-correction):
+
+    %q = stablehlo.constant dense<...> : tensor<3x3x16x32xi8>
+    %f = stablehlo.convert %q : (tensor<3x3x16x32xi8>) -> tensor<3x3x16x32xf32>
+    %s = stablehlo.constant dense<0.0123> : tensor<f32>
+    %sb = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<3x3x16x32xf32>
+    %w = stablehlo.multiply %f, %sb : tensor<3x3x16x32xf32>
+    %y = stablehlo.convolution(%x, %w) ...
+    %b = stablehlo.add %y, %corrected_b            // bias - (W_q - W) E[x]
+
+Analytic bias correction (Nagel et al., "Data-Free Quantization", ICCV 2019,
+section 4.2): the quantized layer's output moves, on average, by
+`E[(W_q - W) x] = (W_q - W) E[x]` per output channel (linear), averaged over
+the output positions with each tap's border share where the layer zero-pads;
+E[x] per input channel comes from the folded batch norms before the layer
+(`bnfold.quant.moments`). The bias takes the shift back. Where E[x] is
+unknown (the model's input, after a max pool or an op without a mean law)
+the layer is quantized uncorrected and the report says why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bnfold import attributes, elements, precision, producers
+from bnfold.graph import carry_attributes, defining_op, function_name
+from bnfold.ir import ir, stablehlo
+from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.rewrite import bias_add
+from bnfold.quant import region
+from bnfold.quant.equalize import output_axis
+from bnfold.quant.moments import Walk
+from bnfold.refusal import Code, Refusal
+from bnfold.report import Quantized
+from bnfold.rewriter import Rewriter
+from bnfold.through import BiasAdds, bias_adds, kernel_f64, mean_through
+
+if TYPE_CHECKING:
+    from bnfold.driver import Context
+
+NAME = "quantize-weights"
+
+
+@dataclass(frozen=True)
+class Root:
+    """A producer, and the run's walk to the batch norms (shared: each value once)."""
+
+    op: ir.Operation
+    walk: Walk
+
+
+@dataclass(frozen=True)
+class Layer:
+    """A producer with a constant float kernel on operand `operand`."""
+
+    op: ir.Operation
+    operand: int
+    out_axis: int  # the kernel axis of output channels
+    kernel: producers.Kernel
+    walk: Walk
+
+
+@dataclass(frozen=True)
+class Weights:
+    """A kernel as integers: `q * scale` (scale broadcast along `axis`, or one value)."""
+
+    q: np.ndarray  # int8 or int16 values in [-qmax, qmax]
+    scale: np.ndarray  # float64 values of the scales as stored (rank 0, or one per channel)
+    dequantized: np.ndarray  # float64 of q * scale as the program computes it
+    storage: str  # "i4", "i8" or "i16"
+    axis: int | None  # per-channel: the kernel axis of the scales
+
+
+@dataclass(frozen=True)
+class Correction:
+    """The expected output shift the bias takes back, and the bias adds it merges into."""
+
+    shift: np.ndarray  # E[(W_q - W) x] per output channel
+    out_axis: int  # the result's axis of output channels
+    merge: BiasAdds | None
+    bias: np.ndarray  # the new bias: the merged adds' sum minus `shift`
+
+
+@dataclass(frozen=True)
+class Plan:
+    layer: Layer
+    weights: Weights
+    sqnr: float
+    correction: Correction | Refusal | None  # None: not asked for
+
+
+# --- quantization (pure, float64) ------------------------------------------------------------
+
+
+def storage_type(bits: int) -> str:
+    return "i4" if bits <= 4 else "i8" if bits <= 8 else "i16"
+
+
+def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None
+             ) -> Weights | Refusal:
+    """Symmetric quantization of a float64 kernel whose program type is `dtype`."""
+    qmax = 2 ** (bits - 1) - 1
+    if qmax > 2 ** precision.significand_bits(dtype):
+        return Refusal(Code.PRECISION, f"precision: {bits}-bit integers are not exact in "
+                                       f"{precision.type_name(dtype)}, the weight's type (its "
+                                       f"significand has {precision.significand_bits(dtype)} "
+                                       "bits): the dequantized weight would round")
+    if not np.all(np.isfinite(values)):
+        return Refusal(Code.PRECISION, "precision: the weight is not finite")
+    others = tuple(d for d in range(values.ndim) if d != axis)
+    top = np.max(np.abs(values), axis=others) if axis is not None else np.max(np.abs(values))
+    with np.errstate(all="ignore"):
+        stored = np.where(top > 0, top / qmax, 1.0).astype(dtype)  # a zero channel: scale 1
+        scale = stored.astype(np.float64)
+    if np.any(scale == 0) or not np.all(np.isfinite(scale)):
+        return Refusal(Code.PRECISION, f"precision: a scale max|W| / {qmax} underflows "
+                                       f"{precision.type_name(dtype)}")
+    shape = [1] * values.ndim
+    if axis is not None:
+        shape[axis] = -1
+    q = np.clip(np.rint(values / scale.reshape(shape)), -qmax, qmax)
+    # The program converts q to the weight's type and multiplies by the stored scale there.
+    dequantized = (q.astype(dtype) * stored.reshape(shape)).astype(np.float64)
+    return Weights(q.astype(np.int8 if bits <= 8 else np.int16), scale, dequantized,
+                   storage_type(bits), axis)
+
+
+def sqnr_db(values: np.ndarray, dequantized: np.ndarray) -> float:
+    """10 log10(sum W^2 / sum (W_q - W)^2); inf when quantization is exact."""
+    noise = float(np.sum((dequantized - values) ** 2))
+    signal = float(np.sum(values ** 2))
+    return float("inf") if noise == 0 else 10.0 * np.log10(signal / noise) if signal else 0.0
+
+
+# --- match and plan ------------------------------------------------------------------------------
+
+
+def layer(root: Root, ctx: Context) -> Layer | Refusal | None:
+    """The root's constant float kernel, or why it has none to quantize (None: not float)."""
+    op = root.op
+    analysis = ctx.analysis
+    found = output_axis(op, analysis)
+    if found is None:
+        return None
+    _, kernel_axis = found
+    if isinstance(kernel_axis, Refusal):
+        return kernel_axis
+    value = op.operands[kernel_axis.operand]
+    if _is_quantized(value):
+        return Refusal(Code.NOTHING, "already quantized (an integer constant times a scale)")
+    compute = elements.numpy_dtype(ir.RankedTensorType(value.type).element_type)
+    assert compute is not None
+    kernel = producers.kernel(value, compute, analysis.evaluator, op.name)
+    if isinstance(kernel, Refusal):
+        return kernel
+    return Layer(op, kernel_axis.operand, kernel_axis.axis, kernel, root.walk)
+
+
+def _is_quantized(value: ir.Value) -> bool:
+    """`multiply(convert(integer constant), scale)`, as this pattern writes it."""
+    owner = defining_op(value)
+    if owner is None or owner.name != "stablehlo.multiply":
+        return False
+    for operand in owner.operands:
+        convert = defining_op(operand)
+        if convert is not None and convert.name == "stablehlo.convert":
+            source = elements.ranked_type(convert.operands[0])
+            if source is not None and isinstance(source.element_type, ir.IntegerType):
+                return True
+    return False
+
+
+def plan(ctx: Context, found: Layer) -> Plan | Refusal:
+    options = ctx.options
+    bits = options.bits
+    assert bits is not None
+    values = kernel_f64(found.kernel)
+    if isinstance(values, Refusal):
+        return values
+    per_channel = options.quantize_granularity == "per-channel"
+    weights = quantize(values, bits, found.kernel.effective, found.out_axis if per_channel else None)
+    if isinstance(weights, Refusal):
+        return weights
+    correction = correct_bias(ctx, found, values, weights) if options.bias_correction else None
+    return Plan(found, weights, sqnr_db(values, weights.dequantized), correction)
+
+
+def correct_bias(ctx: Context, found: Layer, values: np.ndarray, weights: Weights
+                 ) -> Correction | Refusal:
+    """The expected output shift of the quantized layer, and the bias that takes it back."""
+    op = found.op
+    operand = 1 - found.operand
+    source = op.operands[operand]
+    padding, unpadded = None, None
+    pad = defining_op(source)
+    if op.name == "stablehlo.convolution" and pad is not None and pad.name == "stablehlo.pad":
+        absorbed = _absorbed_padding(op, pad, ctx)  # an explicit zero pad: its border share
+        if absorbed is not None:
+            padding, unpadded = absorbed
+            source = pad.operands[0]
+    moments = found.walk.moments(source)
+    if moments is None:
+        return Refusal(Code.NOTHING, "the layer's input is a constant")
+    if isinstance(moments, Refusal):
+        return moments.wrap("E[x] unknown")
+    mapping = producers.input_scale_map(op, operand, moments.axis)
+    if isinstance(mapping, Refusal):
+        return mapping.wrap("E[x] is per channel along another axis than the layer reads")
+    error = weights.dequantized - values
+    found_shift = mean_through(op, mapping, error, moments.mean, padding, unpadded)
+    if isinstance(found_shift, Refusal):
+        return found_shift
+    shift, out_axis = found_shift
+    merge = bias_adds(op.results[0], out_axis, ctx.analysis)
+    bias = (merge.bias if merge is not None else 0.0) - shift
+    dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
+    if dtype is not None and (problem := precision.check_bias(bias, dtype, "the corrected bias")):
+        return problem
+    return Correction(shift, out_axis, merge, np.asarray(bias, dtype=np.float64))
+
+
+def _absorbed_padding(op: ir.Operation, pad: ir.Operation, ctx: Context
+                      ) -> tuple[np.ndarray, ir.RankedTensorType] | None:
+    """The convolution's padding with a zero pad before it added, and the pad's input type;
+    None when the pad is not zeros on the spatial axes only."""
+    value = ctx.analysis.constant(pad.operands[1])
+    if value is None or np.any(np.asarray(value.array, dtype=np.float64) != 0):
+        return None
+    dims = producers.conv_dims(op)
+    rank = ir.RankedTensorType(pad.operands[0].type).rank
+    low, high, interior = (attributes.ints(pad, name, default=0, rank=rank)
+                           for name in ("edge_padding_low", "edge_padding_high", "interior_padding"))
+    spatial = list(dims.input_spatial_dimensions)
+    if any(interior) or any(low[d] < 0 or high[d] < 0 for d in range(rank)) or \
+            any((low[d] or high[d]) for d in range(rank) if d not in spatial):
+        return None
+    # The pad's zeros come before lhs_dilation spreads the input: each is `dilation` zeros of
+    # the convolution's own padding (its holes are zeros too).
+    own = attributes.padding(op)
+    dilation = attributes.lhs_dilation(op)
+    padding = np.array([[own[k][0] + low[d] * dilation[k], own[k][1] + high[d] * dilation[k]]
+                        for k, d in enumerate(spatial)])
+    return padding, ir.RankedTensorType(pad.operands[0].type)
+
+
+# --- apply ---------------------------------------------------------------------------------------
+
+
+def dequantize(weights: Weights, like: ir.Value, loc: ir.Location,
+               anchor: ir.Operation | None = None) -> ir.Value:
+    """`convert(q) * broadcast(scale)` of `like`'s type, at the insertion point (the
+    integer constant keeps `anchor`'s discardable attributes)."""
+    ty = ir.RankedTensorType(like.type)
+    with loc:
+        storage = ir.IntegerType.get_signless(int(weights.storage[1:]))
+        q_type = ir.RankedTensorType.get(list(ty.shape), storage)
+        q = stablehlo.ConstantOp(elements.array_attr(weights.q, q_type))
+        if anchor is not None:
+            carry_attributes(anchor, q.operation)
+        floats = stablehlo.ConvertOp(ty, q.result).result
+        scale = stablehlo.ConstantOp(elements.dense_attr(weights.scale, ty.element_type)).result
+        dims = [] if weights.axis is None else [weights.axis]
+        scales = stablehlo.BroadcastInDimOp(ty, scale, dims).result
+        return stablehlo.MulOp(floats, scales).result
+
+
+def build(rewriter: Rewriter, p: Plan) -> ir.Operation:
+    """Replaces the layer with a copy that reads the dequantized weight (and its bias adds
+    with one corrected add); returns the copy."""
+    op = p.layer.op
+    anchor = p.layer.kernel.anchor
+    loc = anchor.location if anchor is not None else op.location
+    with ir.InsertionPoint(op):
+        weight = dequantize(p.weights, op.operands[p.layer.operand], loc, anchor)
+        copy = rewriter.clone(op, {p.layer.operand: weight})
+    correction = p.correction
+    if not isinstance(correction, Correction) or \
+            (correction.merge is None and not np.any(correction.shift)):
+        rewriter.replace_op(op, [copy.results[0]], successor=copy)  # nothing to add
+        return copy
+    root = correction.merge.root if correction.merge is not None else op
+    with ir.InsertionPoint.after(root):
+        value = bias_add(copy.results[0], correction.bias, correction.out_axis, root.location)
+    if correction.merge is not None:
+        rewriter.supersede(op, copy)
+        rewriter.replace_op(root, [value])
+    else:
+        rewriter.replace_op(op, [value], successor=copy)
+    return copy
+
+
+# --- the pattern --------------------------------------------------------------------------------
+
+
+def _record(ctx: Context, p: Plan, copy: ir.Operation) -> Quantized:
+    ledger = ctx.ledger
+    correction: dict[str, object] | None = None
+    params = {"scale": p.weights.scale.copy()}
+    if isinstance(p.correction, Correction):
+        shift = p.correction.shift
+        correction = {"applied": True, "channels": int(np.count_nonzero(shift)),
+                      "max_shift": float(np.max(np.abs(shift))) if shift.size else 0.0,
+                      "mean_shift": float(np.mean(np.abs(shift))) if shift.size else 0.0}
+        params["bias_shift"] = shift.copy()
+        stats = ledger.statistics(copy)
+        if stats is not None:  # the result moved by the shift, the bias took it back
+            ledger.set_statistics(copy, stats.shifted(np.zeros_like(shift), shift))
+    elif isinstance(p.correction, Refusal):
+        correction = {"applied": False, "code": p.correction.code.value,
+                      "reason": p.correction.message}
+    options = ctx.options
+    assert options.bits is not None
+    return Quantized(
+        id=f"q{len(ledger.quantized)}", producer=ledger.location(p.layer.op),
+        producer_op=p.layer.op.name, function=function_name(copy), bits=options.bits,
+        granularity=options.quantize_granularity or "per-tensor", storage=p.weights.storage,
+        axis=p.layer.out_axis, weight_sqnr_db=p.sqnr, bias_correction=correction,
+        params=params)
+
+
+class QuantizeWeights(Pattern[Root, Layer, Plan]):
+    """Quantizes every producer's constant weight, in program order. A corrected layer's
+    pre-activation keeps its mean (that is the correction), so the moments the walk
+    already knows downstream of it still hold."""
+
+    NAME = NAME
+    STAGE = Stage.QUANTIZE
+
+    def roots(self, ctx: Context) -> Iterable[Root]:
+        walk = Walk(ctx)
+        found: list[Root] = []
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            op = op.operation
+            if producers.is_producer(op) and not ctx.analysis.is_dead(op):
+                found.append(Root(op, walk))
+            return ir.WalkResult.ADVANCE
+
+        for func in ctx.functions():
+            func.walk(visit)
+        return found
+
+    def match(self, ctx: Context, root: Root) -> Layer | Refusal | None:
+        return layer(root, ctx)
+
+    def plan(self, ctx: Context, match: Layer) -> Plan | Refusal:
+        return plan(ctx, match)
+
+    def refuse(self, ctx: Context, subject: Root | Layer, refusal: Refusal) -> None:
+        ctx.ledger.refuse_quantization(subject.op, refusal)
+
+    def apply(self, rewriter: Rewriter, plan: Plan) -> ir.Operation:
+        return build(rewriter, plan)
+
+    def record(self, ctx: Context, plan: Plan, applied: ir.Operation) -> None:
+        ctx.ledger.quantized.append(_record(ctx, plan, applied))
+
+    def finish(self, ctx: Context) -> None:
+        ctx.ledger.quantize = True
+
+    def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
+        """With bias correction: a helper on the way from the batch norms to a layer
+        (`call @relu6`, also after a residual add): the walk back needs its ops' mean laws."""
+        if not ctx.options.bias_correction:
+            return False
+        return any(region.leads_to_producer(r, ctx.analysis) for r in call.results)
+
+
+PATTERN = QuantizeWeights()
