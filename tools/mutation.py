@@ -88,6 +88,7 @@ DEFAULT_MODULES = [  # a glob that matches nothing is reported and skipped (modu
     "python/bnfold/quant/*.py",
     "python/bnfold/affine.py",
     "python/bnfold/laws.py",
+    "python/bnfold/through.py",
     "python/bnfold/border.py",
     "python/bnfold/precision.py",
 ]
@@ -95,6 +96,8 @@ DEFAULT_TESTS = [  # the transforms' own tests: laws, numerics, refusals, the IR
     "tests/test_laws.py",
     "tests/test_wrong_numbers.py",
     "tests/test_statistics.py",
+    "tests/test_edges.py",
+    "tests/test_quantize.py",
     "tests/test_forward.py",
     "tests/test_equalize.py",
     "tests/test_precision.py",

@@ -196,7 +196,8 @@ class Law:
     scale: Callable[[ir.Operation, Env], Scaled | Refusal]
     shift: Callable[[ir.Operation, Env], Shifted | Refusal]
     precision: Callable[[ir.Operation], Precision]
-    interval: Callable[[ir.Operation, Env], Interval]
+    # None for a comparison: its result is a predicate, not a value with a range
+    interval: Callable[[ir.Operation, Env], Interval] | None
     mean: Callable[[ir.Operation, MeanEnv], Moments | Refusal]
 
 
@@ -376,11 +377,6 @@ def _compare_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
     if isinstance(found, Refusal):
         return found
     return Scaled(PREDICATE, found.edits)
-
-
-def _compare_interval(op: ir.Operation, env: Env) -> Interval:
-    channels = _channels(op.operands[0], _axis_of(op, env))
-    return Interval(np.zeros(channels), np.ones(channels))
 
 
 def _select_scale(op: ir.Operation, env: Env) -> Scaled | Refusal:
@@ -1012,7 +1008,7 @@ def _pool_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
 def _law(summary: str, scale: Callable[[ir.Operation, Env], Scaled | Refusal],
          shift: Callable[[ir.Operation, Env], Shifted | Refusal],
          precision: Callable[[ir.Operation], Precision],
-         interval: Callable[[ir.Operation, Env], Interval],
+         interval: Callable[[ir.Operation, Env], Interval] | None,
          mean: Callable[[ir.Operation, MeanEnv], Moments | Refusal]) -> Law:
     return Law(summary, scale, shift, precision, interval, mean)
 
@@ -1034,7 +1030,7 @@ LAWS: dict[str, Law] = {
     "stablehlo.compare": _law("compare(x/s, c/s) = compare(x, c), c divided in x's type "
                               "(never the i1 result's); no shift", _compare_scale,
                               _no_shift("a comparison is not shift-invariant"), _exact,
-                              _compare_interval, _compare_mean),
+                              None, _compare_mean),
     "stablehlo.select": _law("select(p, x/s, c/s) = select(p, x, c)/s (leaky ReLU, thresholds); "
                              "no shift", _select_scale, _no_shift("a select is an activation"),
                              _exact, _select_interval, _select_mean),

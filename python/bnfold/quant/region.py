@@ -102,7 +102,8 @@ def walk(start: ir.Value, axis: int, analysis: Analysis, source: Interval
             return Refusal(scaled.code, f"{scaled.message} ({_where(op)})")
         result = op.results[0]
         state.axes[result] = scaled.axis
-        if scaled.axis != laws.PREDICATE:
+        if scaled.axis != laws.PREDICATE:  # a predicate has no range (and no interval law)
+            assert law.interval is not None, op.name
             state.intervals[result] = law.interval(op, state)
             reached.append(Reached(result, scaled.axis, state.intervals[result]))
         edits += scaled.edits
