@@ -477,3 +477,65 @@ def test_a_shared_private_relu6_gets_its_own_bounds_per_call_site():
     assert len(set(bounds)) == len(bounds) >= 2, bounds  # one upper bound per call site
     assert relative_error(SHARED_RELU6, out, inputs=[np.linspace(-9, 9, 8, dtype=np.float32)
                                                      .reshape(4, 2)]) < 1e-5
+
+
+def test_a_refused_set_names_every_layer_and_counts_every_pair():
+    """A chain of three f16 layers whose scales would grow unbounded f16 activations is
+    refused as a whole: the report must account for both pairs, not just the first
+    (the fuzzer found the second pair missing from the report)."""
+    text = """
+    func.func @main(%x: tensor<1x1x2xf16>) -> tensor<1x2x1xf16> {
+      %k1 = stablehlo.constant dense<6.406250e-01> : tensor<1x1xf16>
+      %0 = stablehlo.dot_general %x, %k1, contracting_dims = [1] x [0] : (tensor<1x1x2xf16>, tensor<1x1xf16>) -> tensor<1x2x1xf16> loc("layer1")
+      %k2 = stablehlo.constant dense<3.615720e-01> : tensor<1x1xf16>
+      %1 = stablehlo.dot_general %0, %k2, contracting_dims = [2] x [0] : (tensor<1x2x1xf16>, tensor<1x1xf16>) -> tensor<1x2x1xf16> loc("layer2")
+      %k3 = stablehlo.constant dense<-7.036130e-01> : tensor<1x1xf16>
+      %2 = stablehlo.dot_general %1, %k3, contracting_dims = [2] x [0] : (tensor<1x2x1xf16>, tensor<1x1xf16>) -> tensor<1x2x1xf16> loc("layer3")
+      return %2 : tensor<1x2x1xf16>
+    }"""
+    report = equalize(text).report
+    assert not report.equalized, report.table()
+    [refused] = report.not_equalized
+    assert (refused.code, refused.layers) == ("range", ["layer1", "layer2", "layer3"]), report.table()
+    assert "2 pair(s) not equalized" in report.summary()
+    assert refused.to_json()["layers"] == ["layer1", "layer2", "layer3"]
+    assert "layer1 -> layer2 -> layer3" in report.table()
+
+
+HELPER_BETWEEN = """
+func.func @main(%x: tensor<4x4x1xf32>) -> tensor<1x4x1xf32> {
+  %k1 = stablehlo.constant dense<[[[6.9], [-13.6], [-6.8], [-3.3], [5.6], [3.7], [-12.6], [-29.5]]]> : tensor<1x8x1xf32>
+  %y = stablehlo.convolution(%x, %k1) dim_numbers = [f, b, 0]x[0, o, i]->[f, b, 0], window = {stride = [2], pad = [[0, 0]], lhs_dilate = [1], rhs_dilate = [1]} {batch_group_count = 1 : i64, feature_group_count = 4 : i64} : (tensor<4x4x1xf32>, tensor<1x8x1xf32>) -> tensor<8x4x1xf32> loc("layer1")
+  %g = stablehlo.constant dense<[0.19, 1.59, 0.63, 0.44, -6.9, 6.2, 4.97, 0.22]> : tensor<8xf32>
+  %b = stablehlo.constant dense<[0.07, -1.19, -0.46, 0.51, -7.49, 2.31, -2.0, -0.01]> : tensor<8xf32>
+  %m = stablehlo.constant dense<[-13.7, 4.8, -13.6, -1.7, 0.86, -6.1, 1.6, 8.2]> : tensor<8xf32>
+  %v = stablehlo.constant dense<[4.3, 16.5, 4.5, 1.06, 17.0, 7.4, 28.1, 153.5]> : tensor<8xf32>
+  %n = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {epsilon = 1.0e-03 : f32, feature_index = 0 : i64} : (tensor<8x4x1xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>, tensor<8xf32>) -> tensor<8x4x1xf32>
+  %h = call @helper(%n) : (tensor<8x4x1xf32>) -> tensor<8x4x1xf32>
+  %k2 = stablehlo.constant dense<[[1.53, 0.0127, 2.17, 1.76, 0.318, 0.887, -0.368, -4.64]]> : tensor<1x8xf32>
+  %o = stablehlo.dot_general %k2, %h, contracting_dims = [1] x [0] : (tensor<1x8xf32>, tensor<8x4x1xf32>) -> tensor<1x4x1xf32> loc("layer2")
+  return %o : tensor<1x4x1xf32>
+}
+func.func private @helper(%a: tensor<8x4x1xf32>) -> tensor<8x4x1xf32> {
+  %z = stablehlo.constant dense<0.0> : tensor<8x4x1xf32>
+  %r = stablehlo.maximum %a, %z : tensor<8x4x1xf32>
+  return %r : tensor<8x4x1xf32>
+}
+"""
+
+
+def test_a_helper_after_a_batch_norm_op_is_inlined_and_equalized():
+    """Found by the fuzzer: a private helper between a batch_norm_inference and the next
+    layer was not inlined (the helper's operand was no law yet), and the walk stopped at
+    the call without a word: the pair was missing from the report."""
+    out = equalize(HELPER_BETWEEN)
+    assert [e.layers for e in out.report.equalized] == [["layer1", "layer2"]], out.report.table()
+    assert relative_error(HELPER_BETWEEN, out.serialize().decode()) < 1e-5
+
+
+def test_a_call_the_walk_cannot_enter_is_a_reason():
+    """With the helper protected (--skip-func), the pair is refused with a reason."""
+    out = equalize(HELPER_BETWEEN, skip_functions=frozenset({"helper"}))
+    assert not out.report.equalized
+    [refused] = out.report.not_equalized
+    assert refused.op == "layer1" and "func.call" in refused.reason, out.report.table()

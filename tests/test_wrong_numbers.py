@@ -109,6 +109,27 @@ def test_a_raw_data_shift_stays_before_the_producer_and_keeps_its_bits():
     assert err_folded <= 1.5 * err_original + eps, (err_folded, err_original)
 
 
+def test_a_raw_data_shift_written_as_multiply_add_is_not_rounded_into_a_new_constant():
+    """`x * s + t` with |t| ~ 1e5 (found by the fuzzer): keeping `t / s` as one add before
+    the producer rounds a constant the original never had, |t| ulps in normalized units
+    (0.3% here, 4000x the original's error). Nothing may fold; the report says why."""
+    s, t = [3.66014075, 2.34576559], [104103.922, -108444.148]
+    text = (RAW.replace("%c = stablehlo.subtract %x, %mb", "%c = stablehlo.multiply %x, %mb")
+            .replace("%n = stablehlo.divide %c, %db", "%n = stablehlo.add %c, %db")
+            .replace("MEANS", ", ".join(map(str, s))).replace("STDS", ", ".join(map(str, t))))
+    out = fold(text)
+    assert not out.report.folds, out.report.table()
+    [skip] = out.report.skipped
+    assert skip.code == "shift-cancels" and "t / s is not a constant of the original" in skip.reason
+    means = [-tt / ss for ss, tt in zip(s, t, strict=True)]
+    xs = raw_inputs(means, [1 / ss for ss in s])
+    x = xs[0].astype(np.float64)
+    ref = (x * np.float32(s).astype(np.float64) + np.float32(t).astype(np.float64)) @ K
+    err_original = numerics.relative_error(outputs(text, xs), ref)
+    err_folded = numerics.relative_error(outputs(out.serialize().decode(), xs), ref)
+    assert err_folded <= 1.5 * err_original + float(np.finfo(np.float32).eps), (err_folded, err_original)
+
+
 @pytest.mark.parametrize("means, stds", [
     ([123.675, 116.28], [58.395, 57.12]),  # torchvision's mean/std on 0-255 pixels: |t| ~ 2.1
     ([0.485, 0.456], [0.229, 0.224]),  # the same on [0, 1] pixels

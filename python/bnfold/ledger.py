@@ -20,7 +20,7 @@ statistics of its output move to the successor.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -133,9 +133,13 @@ class Ledger:
             return
         self._refusals[key] = self._skip(op, refusal)
 
-    def refuse_equalization(self, op: ir.Operation, refusal: Refusal) -> None:
-        """Layer 1 `op` was not equalized with the layer after it, because `refusal`."""
-        self._not_equalized.append(self._skip(op, refusal))
+    def refuse_equalization(self, op: ir.Operation, refusal: Refusal,
+                            layers: Sequence[ir.Operation] = ()) -> None:
+        """Layer 1 `op` was not equalized with the layer after it (or the set of `layers`
+        it heads, none of whose pairs was), because `refusal`."""
+        skip = self._skip(op, refusal)
+        skip.layers = [self.location(layer) for layer in layers]
+        self._not_equalized.append(skip)
 
     def refuse_quantization(self, op: ir.Operation, refusal: Refusal) -> None:
         """Producer `op`'s weight was not quantized, because `refusal`."""

@@ -25,7 +25,10 @@ Two more rules govern what moves across the producer:
    same size, where the original subtracted first. For a normalization `x*s +
    t` whose output has unit spread, that magnitude is about `|t|`, so the
    folded form loses about log2(1 + |t|) bits. Above `SHIFT_LIMIT` the shift
-   stays as one add before the producer (the scale still folds);
+   stays as one add before the producer (the scale still folds) when t / s
+   is a constant of the original (the `m` of `(x - m) / d`) or rounds to one
+   within SHIFT_LIMIT units of roundoff (`kept_shift_rounds`); otherwise
+   nothing folds;
 5. a narrowing convert is a rounding that stays where the original has it: no
    scale or shift is moved across it (`bnfold.laws`, Precision.NARROWS).
 """
@@ -396,10 +399,30 @@ def shift_cancels(shift: np.ndarray) -> Refusal | None:
                    f"|t| <= {SHIFT_LIMIT:g}, {math.log2(1 + SHIFT_LIMIT):.1f} bits)")
 
 
+def kept_shift_rounds(kept: np.ndarray, scale: np.ndarray, dtype: np.dtype) -> Refusal | None:
+    """Why the shift t / s cannot stay as one add before the producer in `dtype`.
+
+    The original computes x * s + t (or (x - m) / d) at the normalized spread; the kept
+    form adds round(t / s) to x. Rounding t / s errs by up to |t| u in normalized units:
+    nothing when t / s is the original's own constant (-m of (x - m) / d), |t| ulps when
+    it is new (x * s + t with a large t). Allowed as much as a folded shift
+    (`SHIFT_LIMIT` units of roundoff)."""
+    stored = kept.astype(dtype).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        err = float(np.max(np.abs(stored - kept) * np.abs(scale), initial=0.0))
+    if err <= SHIFT_LIMIT * unit_roundoff(dtype):
+        return None
+    return Refusal(Code.CANCELS,
+                   f"precision: t / s is not a constant of the original, and rounded to "
+                   f"{type_name(dtype)} it would move the normalized values by up to {err:.2g} "
+                   f"(the limit is {SHIFT_LIMIT:g} units of roundoff)")
+
+
 def is_narrower(kernel: np.dtype, compute: np.dtype) -> bool:
     return significand_bits(kernel) < significand_bits(compute)
 
 
 __all__ = ["MAX_EXPANDED_ELEMENTS", "SHIFT_LIMIT", "Rounded", "check_bias", "is_narrower",
+           "kept_shift_rounds",
            "largest", "narrow_kernel_reason", "round_scaled", "shift_cancels", "significand_bits",
            "smallest_normal", "type_name"]

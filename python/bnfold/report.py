@@ -75,10 +75,19 @@ class Skip:
     function: str
     nodes: list[tuple[str, str]] = field(default_factory=list, repr=False, compare=False)
     code: str = ""
+    # An equalization set refused as a whole: its layers' locations, in data-flow order
+    # (every adjacent pair of them was not equalized); empty otherwise.
+    layers: list[str] = field(default_factory=list)
+
+    @property
+    def pairs(self) -> int:
+        """How many layer pairs this record leaves unequalized."""
+        return max(1, len(self.layers) - 1)
 
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "op_name": self.op_name, "reason": self.reason,
-                "function": self.function, "code": self.code}
+                "function": self.function, "code": self.code} | \
+            ({"layers": self.layers} if self.layers else {})
 
 
 @dataclass
@@ -165,7 +174,8 @@ class Report:
     inlined  private callees inlined (once per call site) to enable folds.
     equalized / not_equalized
              with --equalize: each set of layers equalized (`Equalized`), and
-             each pair that was not, with the reason (`Skip`, op = layer 1).
+             each pair or set that was not, with the reason (`Skip`, op = layer 1,
+             layers = the refused set's layers).
     quantized / not_quantized
              with --quantize-weights: each weight stored as integers
              (`Quantized`: bits, scales, weight SQNR, bias correction), and
@@ -287,8 +297,8 @@ class Report:
             lines.append("nothing equalized")
         if self.not_equalized:
             lines.append("")
-            missed = [("not equalized", "layer 1", "op name", "code", "reason")]
-            missed += [(str(i), s.op, s.op_name, s.code, s.reason)
+            missed = [("not equalized", "layers", "op name", "code", "reason")]
+            missed += [(str(i), " -> ".join(s.layers) or s.op, s.op_name, s.code, s.reason)
                        for i, s in enumerate(self.not_equalized, 1)]
             lines += _columns(missed)
         return lines
@@ -348,7 +358,7 @@ class Report:
             text += f", equalized {len(self.equalized)} set(s)"
             if self.equalized:
                 text += f" ({_count(e.kind for e in self.equalized)})"
-            text += f", {len(self.not_equalized)} pair(s) not equalized"
+            text += f", {sum(s.pairs for s in self.not_equalized)} pair(s) not equalized"
         if self.quantize:
             text += f", quantized {len(self.quantized)} weight(s)"
             if self.quantized:

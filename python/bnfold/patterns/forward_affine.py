@@ -34,9 +34,11 @@ margin. An explicit zero `stablehlo.pad` right before the convolution (Keras
 When the correction is refused (too large, dynamic spatial size), or when
 the shift would cancel (`precision.shift_cancels`: `(x - 1e4) / 3` folded
 forward computes at the magnitude of x), the scale still folds and `t / s`
-stays as one add before the producer. For a dot_general the shift becomes a
-bias only when the constant operand has one free dimension and no batching
-dimensions. A narrowing convert between the chain and the producer is a
+stays as one add before the producer, if it is a constant of the original or
+rounds like one (`precision.kept_shift_rounds`: `x * 3.66 + 1e5` has no f32
+constant `t / s` that keeps the original's precision, and does not fold).
+For a dot_general the shift becomes a bias only when the constant operand
+has one free dimension and no batching dimensions. A narrowing convert between the chain and the producer is a
 rounding that stays where it is (`bnfold.laws`): only what lies after it
 folds.
 
@@ -406,7 +408,8 @@ def _scale_only(m: Match, fit: Affine, rewrite: KernelRewrite, reason: Refusal, 
         return Refusal(reason.code, f"forward: {reason} (in {name} the shift is not kept apart: "
                                     f"it would add roundings the original never made)")
     kept = fit.shift / fit.scale
-    if dtype is not None and (problem := precision.check_bias(kept, dtype)):
+    if problem := (precision.check_bias(kept, dtype) or
+                   precision.kept_shift_rounds(kept, fit.scale, dtype)):
         return Refusal(problem.code, f"forward: {reason}; {problem}")
     return Plan(m, fit, rewrite, None, 0, None, kept, reason, axis, padding=padding)
 

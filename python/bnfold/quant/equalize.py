@@ -489,8 +489,11 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
         return plan(match)
 
     def refuse(self, ctx: Context, subject: Root, refusal: Refusal) -> None:
-        op = subject.op if isinstance(subject, Refused) else subject[0].first.op
-        ctx.ledger.refuse_equalization(op, refusal)
+        if isinstance(subject, Refused):
+            ctx.ledger.refuse_equalization(subject.op, refusal)
+        else:
+            layers = [subject[0].first.op, *(p.second.op for p in subject)]
+            ctx.ledger.refuse_equalization(layers[0], refusal, layers)
 
     def apply(self, rewriter: Rewriter, plan: SetPlan) -> Applied:
         return build(rewriter, plan)

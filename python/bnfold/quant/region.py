@@ -114,13 +114,15 @@ def _closure(start: ir.Value, analysis: Analysis
              ) -> tuple[list[ir.Operation], list[ir.Operation], Refusal | None] | None:
     """The region ops in program order, the producers that read them, and where the
     region leaks out (a function result, another block, a call); None when no producer
-    reads it (the last layer: nothing to pair, nothing to explain)."""
+    reads it, not even past a call that leaks it (the last layer: nothing to pair, nothing
+    to explain)."""
     owner = defining_op(start)
     assert owner is not None
     block = owner.block
     seen: dict[int, ir.Operation] = {}
     consumers: dict[int, ir.Operation] = {}
     leak: Refusal | None = None
+    onward = False  # a producer lies past the leak: the pair exists and needs a reason
     queue = [start]
     while queue:
         for user in analysis.live_users(queue.pop()):
@@ -144,12 +146,13 @@ def _closure(start: ir.Value, analysis: Analysis
                 law = laws.law_of(user)
                 leak = leak or (law.wrap(_where(user)) if isinstance(law, Refusal) else Refusal(
                     Code.NO_LAW, f"{user.name} has {len(user.results)} results ({_where(user)})"))
+                onward = onward or any(leads_to_producer(r, analysis) for r in user.results)
             else:
                 seen[key] = user
                 if len(seen) > MAX_REGION_OPS:
                     return None  # the rest of the network, not an activation
                 queue.append(user.results[0])
-    if not consumers:
+    if not consumers and not onward:
         return None
     order = {op_id(op): i for i, op in enumerate(block.operations)} if len(seen) > 1 else {}
     ops = sorted(seen.values(), key=lambda op: order.get(op_id(op), 0))
@@ -203,7 +206,9 @@ def fed_by_producer(value: ir.Value, analysis: Analysis) -> bool:
             return False
         if producers.is_producer(owner):
             return True
-        if not _passable(owner):
+        # A batch_norm_inference still in place is a per-channel affine like its decomposed
+        # chain (inlining runs before the folds that remove it).
+        if not (_passable(owner) or owner.name == "stablehlo.batch_norm_inference"):
             return False
         scaled = [v for v in owner.operands if analysis.constant(v) is None]
         if len(scaled) != 1:
