@@ -1,8 +1,14 @@
-"""Per-tensor int8 weights after folding: plain fold vs --equalize vs --absorb-high-bias, and AIMET.
+"""Per-tensor int8 weights after folding: fold / --equalize / --absorb-high-bias, bnfold's
+own --quantize-weights (with and without --bias-correction), and AIMET.
 
-Every convolution/dot_general kernel is fake-quantized per tensor, symmetric
-int8 (scale = max|K| / 127, round to nearest), and the model's output is
-compared with the float model: SQNR = 10 log10(sum y^2 / sum (y_q - y)^2) dB.
+Fake-quantized rows: every convolution/dot_general kernel is fake-quantized per
+tensor, symmetric int8 (scale = max|K| / 127, round to nearest) by this script,
+and the model's output is compared with the float model: SQNR = 10 log10(sum
+y^2 / sum (y_q - y)^2) dB. `--quantize-weights` rows run the module bnfold
+wrote (integer constants dequantized in the graph, `--bias-correction`'s
+corrected biases) as it is, on the same inputs; with bias correction off and
+per tensor it holds the same weights as the fake-quantized `--equalize` /
+fold module (up to the scale's rounding to f32), which the notes check.
 
 Models (all torch, exported to StableHLO with torchax, so AIMET sees the
 very same weights):
@@ -18,27 +24,49 @@ very same weights):
                  ReLU6) trained here (300 epochs, about a minute) on
                  scikit-learn's digits; accuracy on the held-out quarter is reported too.
 
-bnfold side: `bnfold.fold_source` with FoldOptions(), (equalize=True) and
-(equalize=True, absorb_high_bias=True), run on XLA CPU. AIMET side
-(aimet-torch 2.42, optional): `fold_all_batch_norms`, `CrossLayerScaling`,
-`HighBiasFold` on the torch model as it is (ReLU6 kept), and again after
-swapping ReLU6 for ReLU (the paper's recipe; that changes the float model,
-so its SQNR is against the original float outputs).
+bnfold side: `bnfold.fold_source` with FoldOptions(), (equalize=True),
+(equalize=True, absorb_high_bias=True), and quantize_weights="int8" per tensor
+after equalization and per channel with and without it, each with and without
+bias_correction, run on XLA CPU. AIMET side (aimet-torch 2.42, optional):
+`fold_all_batch_norms`, `CrossLayerScaling`, `HighBiasFold` on the torch model
+as it is (ReLU6 kept), and again after swapping ReLU6 for ReLU (the paper's
+recipe; that changes the float model, so its SQNR is against the original
+float outputs).
+
+AIMET's bias correction (`aimet_torch.bias_correction.correct_bias`, analytic
+for the layers a batch norm feeds) was deprecated in aimet-torch 2.30.0 and
+removed in 2.31.0, so 2.42 has none. With `--aimet-bc DIR`, where DIR holds
+aimet-torch 2.30.0 (`pip install --no-deps --target DIR aimet-torch==2.30.0`),
+a child process (same interpreter, DIR first on its path) runs it after the
+same equalization: batch norms found before folding
+(`find_all_conv_bn_with_activation`), `perform_only_empirical_bias_corr=False`,
+per-tensor symmetric int8 weights (min-max, a quantsim config without
+per-channel); the layers no batch norm feeds are left uncorrected (analytic
+only, data-free like bnfold) or corrected empirically on calibration inputs
+(AIMET's own mix). Those rows quantize the final weights with AIMET's quantizer,
+the one the correction assumed (its symmetric int8 grid is [-128, 127] with
+scale max(max / 127, -min / 128)), and say what the script's quantizer gives.
+Without `--aimet-bc` the rows say why they are empty.
 
 Needs torch 2.13 (CPU), torchax, torchvision, scikit-learn, optionally
-aimet-torch; see README "Quantization". Usage:
+aimet-torch; see README "Results: per-tensor int8 weights". Usage:
 
-    python tools/quant_bench.py [--out results.md] [--no-aimet] [--epochs 300]
+    python tools/quant_bench.py [--out results.md] [--no-aimet] [--aimet-bc DIR] [--epochs 300]
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
 import math
+import os
+import subprocess
 import sys
+import tempfile
 import time
 import types
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -198,7 +226,9 @@ def mobilenet_v2(torch, torchvision, rng):
         drift = sqnr(before(x).numpy(), model(x).numpy())
     note = (f"{changed} depthwise batch norms spread; float model before vs after the spread: "
             f"{drift:.1f} dB (ReLU6 saturation)")
-    return model, x, None, note
+    # AIMET's quantizer encodings and its empirical bias correction read these
+    calib = torch.from_numpy(rng.standard_normal((64, 3, 96, 96)).astype(np.float32))
+    return model, x, None, note, calib
 
 
 class TinyMobileNet:
@@ -258,7 +288,7 @@ def digits(torch, epochs: int, rng):
             opt.step()
     model.eval()
     note = f"trained {epochs} epochs in {time.time() - start:.0f} s on 1347 digits"
-    return model, torch.from_numpy(x[test]), y[test], note
+    return model, torch.from_numpy(x[test]), y[test], note, xt[:256]
 
 
 # --- runs ------------------------------------------------------------------------------
@@ -269,7 +299,7 @@ class Row:
     model: str
     method: str
     sets: str
-    sqnr: float
+    sqnr: float | None  # None: the row could not run (its method says why)
     accuracy: float | None
     ratio: str = ""
 
@@ -286,21 +316,65 @@ def accuracy(logits: np.ndarray, labels: np.ndarray | None) -> float | None:
     return None if labels is None else float(np.mean(np.argmax(logits, axis=-1) == labels))
 
 
-def bnfold_rows(name: str, text: str, x: np.ndarray, labels, reference: np.ndarray) -> list[Row]:
-    rows = []
+def equalized_sets(report) -> str:
+    return (f"{sum(len(e.layers) - 1 for e in report.equalized)} pairs, "
+            f"{sum(e.triplets for e in report.equalized)} conv-dw-conv triplets "
+            f"(in {len(report.equalized)} chains)")
+
+
+def quantize_variants() -> list[tuple[str, FoldOptions]]:
+    """bnfold's own int8 weights: per tensor after equalization, per channel without and
+    with it; each without and with bias correction."""
+    variants = []
+    for equalize, granularity in ((True, None), (False, "per-channel"), (True, "per-channel")):
+        for correct in (False, True):
+            method = ("bnfold" + " --equalize" * equalize + " --quantize-weights int8" +
+                      (f" --quantize-granularity {granularity}" if granularity else "") +
+                      " --bias-correction" * correct)
+            variants.append((method, FoldOptions(equalize=equalize, quantize_weights="int8",
+                                                 quantize_granularity=granularity,
+                                                 bias_correction=correct)))
+    return variants
+
+
+def quantized_summary(report) -> str:
+    """How many weights bnfold stored as integers and, with --bias-correction, how many
+    layers got a correction and the most common reasons for the others (the report)."""
+    quantized = report.quantized
+    granularity = ", ".join(sorted({q.granularity for q in quantized})) or "-"
+    text = (f"{len(quantized)} weights int8 {granularity}, weight SQNR median "
+            f"{np.median([q.weight_sqnr_db for q in quantized]):.0f} dB")
+    if report.not_quantized:
+        why = Counter(s.reason.split(" (")[0] for s in report.not_quantized)
+        text += f"; {len(report.not_quantized)} not quantized" + \
+            "".join(f"; {n}: {k}" for k, n in why.most_common(3))
+    corrections = [q.bias_correction for q in quantized if q.bias_correction is not None]
+    if corrections:
+        applied = [c for c in corrections if c["applied"]]
+        why = Counter(f"{c['reason'].split(' (')[0]} [{c['code']}]"
+                      for c in corrections if not c["applied"])
+        text += (f"; bias corrected in {len(applied)} of {plural(len(corrections), 'layer')}"
+                 f" (largest shift {max((c['max_shift'] for c in applied), default=0):.2g})" +
+                 "".join(f"; {n} not: {k}" for k, n in why.most_common(3)))
+    return text
+
+
+def bnfold_rows(name: str, text: str, x: np.ndarray, labels, reference: np.ndarray
+                ) -> tuple[list[Row], list[str]]:
+    rows: list[Row] = []
+    notes: list[str] = []
     variants = [("bnfold fold", FoldOptions()),
                 ("bnfold --equalize", FoldOptions(equalize=True)),
                 ("bnfold --equalize --absorb-high-bias",
                  FoldOptions(equalize=True, absorb_high_bias=True))]
+    floats: dict[bool, tuple[str, np.ndarray, str]] = {}  # equalize -> module, fake-quantized output, ratios
     for method, options in variants:
         folded = fold_source(text, options=options, name=name)
         out_text = folded.serialize().decode()
         float_out = numerics.run_xla(out_text, [x])[0]
         quant = numerics.run_xla(fake_quantize(out_text), [x])[0]
         report = folded.report
-        sets = (f"{sum(len(e.layers) - 1 for e in report.equalized)} pairs, "
-                f"{sum(e.triplets for e in report.equalized)} conv-dw-conv triplets "
-                f"(in {len(report.equalized)} chains)") if options.equalize else "-"
+        sets = equalized_sets(report) if options.equalize else "-"
         if options.absorb_high_bias:
             links = [r for e in report.equalized for r in e.high_bias]
             absorbed = [r for r in links if r["absorbed"]]
@@ -313,11 +387,27 @@ def bnfold_rows(name: str, text: str, x: np.ndarray, labels, reference: np.ndarr
                      f" ({plural(sum(r['channels'] for r in absorbed), 'channel')})" +
                      "".join(f"; {n}: {k}" for k, n in sorted(why.items())))
         ratios = kernel_range_ratios(out_text)
-        rows.append(Row(name, method, sets, sqnr(reference, quant), accuracy(quant, labels),
-                        f"median {np.median(ratios):.0f}, max {max(ratios):.0f}"))
+        ratio = f"median {np.median(ratios):.0f}, max {max(ratios):.0f}"
+        rows.append(Row(name, method, sets, sqnr(reference, quant), accuracy(quant, labels), ratio))
         drift = sqnr(reference, float_out)
         rows[-1].method += f" (float: {drift:.0f} dB)" if drift < 200 else ""
-    return rows
+        if not options.absorb_high_bias:
+            floats[options.equalize] = (method, quant, ratio)
+    # bnfold's own quantization: the module it wrote, run as it is
+    for method, options in quantize_variants():
+        folded = fold_source(text, options=options, name=name)
+        out = numerics.run_xla(folded.serialize().decode(), [x])[0]
+        report = folded.report
+        rows.append(Row(name, f"{method} ({quantized_summary(report)})",
+                        equalized_sets(report) if options.equalize else "-",
+                        sqnr(reference, out), accuracy(out, labels), floats[options.equalize][2]))
+        if not options.bias_correction and options.quantize_granularity is None:
+            base, fake, _ = floats[options.equalize]
+            notes.append(f"- {name}: plumbing check: `{method}` gives {sqnr(reference, out):.2f} dB, the "
+                         f"script's fake quantization of the `{base}` module {sqnr(reference, fake):.2f} dB; "
+                         f"the two quantized outputs agree to {sqnr(fake, out):.0f} dB "
+                         "(same integers, scales rounded to f32 in bnfold's module)")
+    return rows, notes
 
 
 def aimet_rows(name: str, model, x, labels, reference: np.ndarray, torch) -> list[Row]:
@@ -355,6 +445,218 @@ def aimet_rows(name: str, model, x, labels, reference: np.ndarray, torch) -> lis
     return rows
 
 
+# --- AIMET's bias correction (aimet-torch 2.30.0, in a child process) --------------------------
+
+# (ReLU6 -> ReLU first, mode): "analytic" corrects only the layers a batch norm feeds and
+# leaves the others (data-free, like bnfold); "analytic+empirical" is AIMET's own mix with
+# perform_only_empirical_bias_corr=False (the others on calibration inputs); "empirical"
+# corrects every layer on calibration inputs (AIMET's default), for reference.
+AIMET_BC_VARIANTS = [(False, "analytic"), (True, "analytic"), (True, "analytic+empirical"),
+                     (True, "empirical")]
+
+# Per-tensor symmetric int8 weights, min-max: AIMET's default config, written out (quantsim
+# v2 requires output quantizers on; correct_bias turns them off, and the model input is not
+# quantized, so only weights are).
+AIMET_PER_TENSOR_CONFIG = {
+    "defaults": {"ops": {"is_output_quantized": "True"},
+                 "params": {"is_quantized": "True", "is_symmetric": "True"},
+                 "strict_symmetric": "False", "per_channel_quantization": "False"},
+    "params": {"bias": {"is_quantized": "False"}},
+    "op_type": {}, "supergroups": [], "model_input": {}, "model_output": {},
+}
+
+AIMET_BC_MISSING = ("aimet-torch 2.42 has no bias correction: aimet_torch.bias_correction was "
+                    "deprecated in 2.30.0 and removed in 2.31.0; pass --aimet-bc DIR with "
+                    "aimet-torch==2.30.0 installed there (pip install --no-deps --target DIR)")
+
+
+def aimet_bc_method(swap: bool, mode: str) -> str:
+    return ("AIMET equalize_model" + (" after ReLU6 -> ReLU" if swap else "") +
+            f" + bias correction ({mode})")
+
+
+def aimet_bc_rows(name: str, model, x, calib, labels, reference: np.ndarray, torch,
+                  path: str | None) -> tuple[list[Row], list[str]]:
+    """AIMET's CLE + bias correction, run by `--aimet-bc-worker` in a child process whose
+    path starts with `path` (aimet-torch 2.30.0); the rows say why when it cannot run."""
+    def empty(reason: str) -> list[Row]:
+        return [Row(name, f"{aimet_bc_method(swap, mode)}: not run ({reason})", "-", None, None)
+                for swap, mode in AIMET_BC_VARIANTS]
+
+    if path is None:
+        return empty(AIMET_BC_MISSING), []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        torch.save(model.state_dict(), work / "model.pt")
+        np.save(work / "x.npy", x.numpy())
+        np.save(work / "calib.npy", calib.numpy())
+        (work / "spec.json").write_text(json.dumps({"model": name}))
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+            p for p in (str(Path(path).resolve()), os.environ.get("PYTHONPATH")) if p))
+        run = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--aimet-bc-worker", tmp],
+                             env=env, capture_output=True, text=True)
+        if run.returncode != 0 or not (work / "result.json").exists():
+            lines = run.stderr.strip().splitlines()
+            return empty(f"the child process failed: {lines[-1] if lines else run.returncode}"), []
+        result = json.loads((work / "result.json").read_text())
+        with np.load(work / "out.npz") as data:
+            out = dict(data)
+    version = result["version"]
+    notes = [f"- {name}: AIMET bias correction rows: aimet-torch {version} (its quantizer: symmetric "
+             f"int8 in [-128, 127], scale max(max / 127, -min / 128) per tensor); its rebuilt float "
+             f"model vs the original: {sqnr(reference, out['float']):.0f} dB"]
+    if "error" in result:
+        return empty(result["error"]), notes
+    rows = []
+    own = swapped_reference(model, x, torch)
+    for i, ((swap, mode), info) in enumerate(zip(AIMET_BC_VARIANTS, result["variants"], strict=True)):
+        method = aimet_bc_method(swap, mode)
+        if "error" in info:
+            rows.append(Row(name, f"{method}: failed ({info['error']})", "-", None, None))
+            continue
+        bc = out[f"v{i}_bc"]
+        method += (f" (aimet-torch {version}; {info['layers']}; equalization alone with the same "
+                   f"quantizer: {sqnr(reference, out[f'v{i}_cle']):.1f} dB; the script's quantizer "
+                   f"after the correction: {sqnr(reference, out[f'v{i}_bc_script']):.1f} dB")
+        if swap:
+            method += f"; vs its own float model: {sqnr(own, bc):.1f} dB"
+        rows.append(Row(name, method + ")", info["sets"], sqnr(reference, bc), accuracy(bc, labels)))
+        if i == 0 or swap and mode == "analytic":
+            notes.append(f"- {name}: aimet-torch {version}'s equalization"
+                         f"{' after ReLU6 -> ReLU' if swap else ''} with the script's quantizer: "
+                         f"{sqnr(reference, out[f'v{i}_cle_script']):.1f} dB (the aimet-torch 2.42 row above "
+                         "should match)")
+    return rows, notes
+
+
+def aimet_bc_worker(work: Path) -> int:
+    """The child process: rebuilds the model, runs each AIMET_BC_VARIANTS entry, writes
+    result.json and out.npz into `work`."""
+    torch, torchvision, _ = import_torch()
+    torch.set_num_threads(2)
+    spec = json.loads((work / "spec.json").read_text())
+    model = (torchvision.models.mobilenet_v2(num_classes=1000) if spec["model"] == "mobilenet_v2"
+             else TinyMobileNet.build(torch))
+    model.load_state_dict(torch.load(work / "model.pt"))
+    model.eval()
+    x = torch.from_numpy(np.load(work / "x.npy"))
+    calib = torch.from_numpy(np.load(work / "calib.npy"))
+    import aimet_torch
+
+    result: dict = {"version": aimet_torch.__version__, "variants": []}
+    outputs: dict[str, np.ndarray] = {}
+    with torch.no_grad():
+        outputs["float"] = model(x).numpy()
+    try:
+        from aimet_torch import bias_correction  # noqa: F401
+    except ImportError as e:
+        result["error"] = f"aimet-torch {aimet_torch.__version__} has no bias correction ({e})"
+    else:
+        config = work / "quantsim_config.json"
+        config.write_text(json.dumps(AIMET_PER_TENSOR_CONFIG))
+        for i, (swap, mode) in enumerate(AIMET_BC_VARIANTS):
+            try:
+                info, found = aimet_bc_variant(model, x, calib, torch, swap, mode, str(config))
+            except Exception as e:  # the row says what failed
+                info, found = {"error": f"{type(e).__name__}: {e}"}, {}
+            result["variants"].append(info)
+            outputs.update({f"v{i}_{key}": value for key, value in found.items()})
+    np.savez(work / "out.npz", **outputs)
+    (work / "result.json").write_text(json.dumps(result))
+    return 0
+
+
+def aimet_bc_variant(model, x, calib, torch, swap: bool, mode: str, config: str
+                     ) -> tuple[dict, dict[str, np.ndarray]]:
+    """CLE as aimet_rows does it, then `correct_bias`; outputs with AIMET's quantizer and
+    the script's, before and after the correction."""
+    from aimet_torch import bias_correction
+    from aimet_torch._base.quantsim import QuantParams
+    from aimet_torch.common.defs import QuantScheme
+    from aimet_torch.cross_layer_equalization import (
+        CrossLayerScaling,
+        HighBiasFold,
+        fold_all_batch_norms,
+    )
+
+    m = copy.deepcopy(model).eval()
+    if swap:
+        _swap_relu6(m, torch)
+    dummy = torch.randn(1, *x.shape[1:])
+    # The batch norm (and activation) before each layer, found before folding removes them:
+    # the analytic correction's E[x] comes from their gamma and beta (AIMET's recipe).
+    conv_bn = bias_correction.find_all_conv_bn_with_activation(m, dummy)
+    pairs = fold_all_batch_norms(m, None, dummy_input=dummy)
+    sets = CrossLayerScaling.scale_model(m, None, dummy_input=dummy)
+    HighBiasFold.bias_fold(sets, dict(pairs))
+    outputs = {"cle": aimet_quantized_output(m, x, dummy, torch, config),
+               "cle_script": script_quantized_output(m, x, torch)}
+    layers = [mod for mod in m.modules() if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear))]
+    fed = [mod for mod in layers if mod in conv_bn and conv_bn[mod].input_bn is not None]
+    others = [mod for mod in layers if not any(mod is f for f in fed)]
+    inputs = Counter(conv_bn[mod].in_activation_type.name for mod in fed)
+    before = [None if mod.bias is None else mod.bias.detach().clone() for mod in layers]
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(calib, torch.zeros(len(calib))), batch_size=16)
+    params = QuantParams(weight_bw=8, act_bw=8, round_mode="nearest",
+                         quant_scheme=QuantScheme.post_training_tf, config_file=config)
+    bias_correction.correct_bias(m, params, num_quant_samples=len(calib), data_loader=loader,
+                                 num_bias_correct_samples=len(calib), conv_bn_dict=conv_bn,
+                                 perform_only_empirical_bias_corr=mode == "empirical",
+                                 layers_to_ignore=others if mode == "analytic" else None)
+    changed = sum(b is None or not torch.equal(b, mod.bias) for b, mod in zip(before, layers))
+    kinds = ", ".join(f"{n} {k}" for k, n in inputs.most_common())
+    if mode == "analytic":
+        layers_text = (f"analytic in the {len(fed)} layers a batch norm feeds ({kinds}), "
+                       f"the other {len(others)} uncorrected")
+    elif mode == "analytic+empirical":
+        layers_text = (f"analytic in the {len(fed)} layers a batch norm feeds ({kinds}), "
+                       f"empirical on {len(calib)} calibration inputs in the other {len(others)} "
+                       "(the first layer: analytic with E[x] = 0)")
+    else:
+        layers_text = f"empirical on {len(calib)} calibration inputs in all {len(layers)} layers"
+    outputs["bc"] = aimet_quantized_output(m, x, dummy, torch, config)
+    outputs["bc_script"] = script_quantized_output(m, x, torch)
+    triplets = sum(len(s.cls_pair_info_list) == 2 for s in sets)
+    pair_count = sum(len(s.cls_pair_info_list) for s in sets)
+    return ({"sets": f"{pair_count} pairs, {triplets} triplets (in {len(sets)} sets)",
+             "layers": f"{layers_text}; {changed} of {len(layers)} biases changed"}, outputs)
+
+
+def aimet_quantized_output(m, x, dummy, torch, config: str) -> np.ndarray:
+    """The output with every weight quantized by AIMET's own quantizer (a QuantizationSimModel
+    with the same config as the bias correction's), activations in float."""
+    from aimet_torch.bias_correction import get_quantized_dequantized_weight
+    from aimet_torch.common.defs import QuantScheme
+    from aimet_torch.quantsim import QuantizationSimModel
+
+    sim = QuantizationSimModel(m, dummy_input=dummy, quant_scheme=QuantScheme.post_training_tf,
+                               default_output_bw=8, default_param_bw=8, config_file=config)
+    with torch.no_grad():
+        sim.compute_encodings(lambda model, _: model(dummy), None)
+        q = copy.deepcopy(m)
+        modules = dict(q.named_modules())
+        done = 0
+        for name, mod in sim.model.named_modules():
+            quantizers = getattr(mod, "param_quantizers", None)
+            if quantizers is not None and "weight" in quantizers and quantizers["weight"] is not None:
+                modules[name].weight.copy_(get_quantized_dequantized_weight(mod))
+                done += 1
+        expected = sum(isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)) for mod in q.modules())
+        assert done == expected, f"AIMET quantized {done} of {expected} weights"
+        return q(x).numpy()
+
+
+def script_quantized_output(m, x, torch) -> np.ndarray:
+    """The output with every weight quantized by `quantize_int8` (as aimet_rows does)."""
+    q = copy.deepcopy(m)
+    with torch.no_grad():
+        for mod in q.modules():
+            if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear)):
+                mod.weight.copy_(torch.from_numpy(quantize_int8(mod.weight.numpy())))
+        return q(x).numpy()
+
+
 def swapped_reference(model, x, torch) -> np.ndarray:
     m = copy.deepcopy(model).eval()
     _swap_relu6(m, torch)
@@ -376,7 +678,8 @@ def table(rows: list[Row]) -> str:
              "| --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         acc = "-" if r.accuracy is None else f"{100 * r.accuracy:.1f}%"
-        lines.append(f"| {r.model} | {r.method} | {r.sets} | {r.sqnr:.1f} | {acc} | {r.ratio or '-'} |")
+        value = "-" if r.sqnr is None else f"{r.sqnr:.1f}"
+        lines.append(f"| {r.model} | {r.method} | {r.sets} | {value} | {acc} | {r.ratio or '-'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -388,7 +691,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="training epochs of the digits model (fixed, so runs repeat; "
                              "300 take about a minute on 2 cores)")
     parser.add_argument("--only", choices=("mobilenet_v2", "digits"))
+    parser.add_argument("--aimet-bc", metavar="DIR",
+                        help="a directory with aimet-torch 2.30.0 installed (pip install --no-deps "
+                             "--target DIR aimet-torch==2.30.0): run AIMET's bias correction rows "
+                             "with it in a child process (2.31.0 and later have none)")
+    parser.add_argument("--aimet-bc-worker", metavar="DIR", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.aimet_bc_worker:
+        return aimet_bc_worker(Path(args.aimet_bc_worker))
     torch, torchvision, torchax = import_torch()
     torch.set_num_threads(2)
     rows: list[Row] = []
@@ -399,7 +709,7 @@ def main(argv: list[str] | None = None) -> int:
     for name, build in builders.items():
         if args.only and name != args.only:
             continue
-        model, x, labels, note = build()
+        model, x, labels, note, calib = build()
         notes.append(f"- {name}: {note}")
         with torch.no_grad():
             reference = model(x).numpy()
@@ -407,12 +717,19 @@ def main(argv: list[str] | None = None) -> int:
         float_acc = accuracy(reference, labels)
         if float_acc is not None:
             notes.append(f"- {name}: float accuracy {100 * float_acc:.1f}%")
-        rows += bnfold_rows(name, text, x.numpy(), labels, reference)
+        found, checks = bnfold_rows(name, text, x.numpy(), labels, reference)
+        rows += found
+        notes += checks
         if not args.no_aimet:
             try:
                 rows += aimet_rows(name, model, x, labels, reference, torch)
             except ImportError as e:
                 notes.append(f"- AIMET not available ({e}); pip install aimet-torch==2.42.0")
+            else:
+                found, checks = aimet_bc_rows(name, model, x, calib, labels, reference, torch,
+                                              args.aimet_bc)
+                rows += found
+                notes += checks
         print(table(rows), file=sys.stderr)
     result = table(rows) + "\n" + "\n".join(notes) + "\n"
     print(result)
