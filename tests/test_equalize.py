@@ -539,3 +539,20 @@ def test_a_call_the_walk_cannot_enter_is_a_reason():
     assert not out.report.equalized
     [refused] = out.report.not_equalized
     assert refused.op == "layer1" and "func.call" in refused.reason, out.report.table()
+
+
+def test_report_params_number_equalized_sets_across_split_chunks(tmp_path):
+    """--split-input-file merges each chunk's report: the second chunk's set is eq1, not a
+    second eq0 that would overwrite the first one's scales in the params archive."""
+    from bnfold.cli import main
+
+    source = tmp_path / "two.mlir"
+    source.write_text(CASES["pair_through_relu6"] + "\n// -----\n" + CASES["pair_through_relu6"])
+    params = tmp_path / "p.npz"
+    report = tmp_path / "r.json"
+    assert main([str(source), "--split-input-file", "--equalize", "--report-params", str(params),
+                 "--report", str(report), "-q", "-o", str(tmp_path / "out.mlir")]) == 0
+    with np.load(params) as npz:
+        assert sorted(k for k in npz.files if k.startswith("eq")) == ["eq0/scale0", "eq1/scale0"]
+    import json
+    assert [e["id"] for e in json.loads(report.read_text())["equalized"]] == ["eq0", "eq1"]

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -161,6 +161,17 @@ class Quantized:
                  "max": (low - 1) * float(v)} for v in np.atleast_1d(self.params["scale"])]
 
 
+
+_Numbered = TypeVar("_Numbered", bound="Equalized | Quantized")
+
+
+def _renumbered(records: list[_Numbered], prefix: str, offset: int) -> list[_Numbered]:
+    """`records` of another report, their ids ("eq0", "q3") moved past this one's."""
+    for record in records:
+        record.id = f"{prefix}{offset + int(record.id[len(prefix):])}"
+    return records
+
+
 @dataclass
 class Report:
     """What one run of the pass did.
@@ -204,16 +215,10 @@ class Report:
         self.skipped.extend(other.skipped)
         self.expanded += other.expanded
         self.inlined.extend(other.inlined)
-        offset = len(self.equalized)
-        for eq in other.equalized:
-            eq.id = f"eq{offset + int(eq.id[2:])}"
-        self.equalized.extend(other.equalized)
+        self.equalized.extend(_renumbered(other.equalized, "eq", len(self.equalized)))
         self.not_equalized.extend(other.not_equalized)
         self.equalize = self.equalize or other.equalize
-        offset = len(self.quantized)
-        for q in other.quantized:
-            q.id = f"q{offset + int(q.id[1:])}"
-        self.quantized.extend(other.quantized)
+        self.quantized.extend(_renumbered(other.quantized, "q", len(self.quantized)))
         self.not_quantized.extend(other.not_quantized)
         self.quantize = self.quantize or other.quantize
 
