@@ -162,6 +162,17 @@ class Quantized:
 
 
 
+
+def _missed(title: str, column: str, skips: list[Skip]) -> list[str]:
+    """A numbered table of what a stage left alone (op, or a refused set's layers), and why."""
+    if not skips:
+        return []
+    rows = [(title, column, "op name", "code", "reason")]
+    rows += [(str(i), " -> ".join(s.layers) or s.op, s.op_name, s.code, s.reason)
+             for i, s in enumerate(skips, 1)]
+    return ["", *_columns(rows)]
+
+
 _Numbered = TypeVar("_Numbered", bound="Equalized | Quantized")
 
 
@@ -300,13 +311,7 @@ class Report:
             lines += _columns(rows)
         else:
             lines.append("nothing equalized")
-        if self.not_equalized:
-            lines.append("")
-            missed = [("not equalized", "layers", "op name", "code", "reason")]
-            missed += [(str(i), " -> ".join(s.layers) or s.op, s.op_name, s.code, s.reason)
-                       for i, s in enumerate(self.not_equalized, 1)]
-            lines += _columns(missed)
-        return lines
+        return lines + _missed("not equalized", "layers", self.not_equalized)
 
     def _quantize_table(self) -> list[str]:
         lines: list[str] = []
@@ -318,13 +323,7 @@ class Report:
             lines += _columns(rows)
         else:
             lines.append("nothing quantized")
-        if self.not_quantized:
-            lines.append("")
-            missed = [("not quantized", "producer", "op name", "code", "reason")]
-            missed += [(str(i), s.op, s.op_name, s.code, s.reason)
-                       for i, s in enumerate(self.not_quantized, 1)]
-            lines += _columns(missed)
-        return lines
+        return lines + _missed("not quantized", "producer", self.not_quantized)
 
     def params(self) -> dict[str, np.ndarray]:
         """Flat `{"fold0/gamma": array, ..., "eq0/scale0": array, "q0/scale": array}` for
