@@ -446,6 +446,13 @@ def check_case(case: modgen.Case) -> None:
         raise AssertionError(f"modgen produced an invalid module: {e}\n{text}") from None
     folded, report = fold_and_check_common(text)
     exp = r.expect
+    if cancels and case.dtype not in EPS and exp.folds and len(report.folds) == exp.folds - 1 \
+            and any(s.code == "shift-cancels" for s in report.skipped):
+        # Rule 5's other outcome in f32: t / s is not a constant of the original and does
+        # not round like one, so nothing folds; a missed fold, never a wrong number (the
+        # output must then be the input, checked below).
+        exp = modgen.Expect(folds=exp.folds - 1, unchanged=exp.folds == 1, reason=True, full=False,
+                            clean_report=False)
     forms = "/".join(c.form for c in (case.pre, case.post) if c is not None)
     event(f"{type(case.producer).__name__} {case.dtype} {forms} {case.variant}")
     event(f"expected folds {exp.folds}, got {len(report.folds)}" + (" (full)" if exp.full else ""))
