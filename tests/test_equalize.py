@@ -556,3 +556,34 @@ def test_report_params_number_equalized_sets_across_split_chunks(tmp_path):
         assert sorted(k for k in npz.files if k.startswith("eq")) == ["eq0/scale0", "eq1/scale0"]
     import json
     assert [e["id"] for e in json.loads(report.read_text())["equalized"]] == ["eq0", "eq1"]
+
+
+def test_a_layer_inside_a_case_branch_is_a_reason():
+    """Layer 1's output read by a convolution inside a `case` branch (implicit capture): the
+    pair exists, equalization does not cross region boundaries, and the report says so
+    (the walk used to find no consumer in its block and say nothing)."""
+    t = "tensor<1x4x4x2xf32>"
+    k = "tensor<1x1x2x2xf32>"
+    conv = ("dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} "
+            "{batch_group_count = 1 : i64, feature_group_count = 1 : i64}")
+    text = f"""
+    func.func @main(%x: {t}, %i: tensor<i32>) -> {t} {{
+      %k1 = stablehlo.constant dense<[[[[10.0, 0.1], [5.0, -0.2]]]]> : {k}
+      %y = stablehlo.convolution(%x, %k1) {conv} : ({t}, {k}) -> {t} loc("layer1")
+      %z = stablehlo.constant dense<0.0> : {t}
+      %r = stablehlo.maximum %y, %z : {t}
+      %o = "stablehlo.case"(%i) ({{
+        %k2 = stablehlo.constant dense<[[[[0.1, 0.2], [3.0, -4.0]]]]> : {k}
+        %c = stablehlo.convolution(%r, %k2) {conv} : ({t}, {k}) -> {t} loc("layer2")
+        stablehlo.return %c : {t}
+      }}, {{
+        stablehlo.return %r : {t}
+      }}) : (tensor<i32>) -> {t}
+      return %o : {t}
+    }}"""
+    out = equalize(text)
+    assert not out.report.equalized
+    [refused] = out.report.not_equalized
+    assert refused.op == "layer1" and "read inside a region" in refused.reason, out.report.table()
+    assert out.serialize().decode() == bnfold.fold_source(
+        text, options=FoldOptions(disable=bnfold.pattern_names())).serialize().decode()

@@ -15,7 +15,7 @@ import math
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import bnfold
@@ -305,8 +305,7 @@ def test_bias_correction_is_the_expected_shift_with_the_border_share(case, seed)
     zero padding (the layer's own, an explicit pad, lhs_dilation holes) read as zeros."""
     rng = np.random.default_rng(seed)
     text, gamma, beta, k2, _ = layer2_module(rng, case)
-    if not text:
-        return  # an empty output: nothing to correct (hypothesis still counts the example)
+    assume(bool(text))  # an empty output: nothing to correct
     out = bnfold.fold_source(text, options=options(quantize_weights="int4", bias_correction=True))
     layer2 = out.report.quantized[-1]
     assert layer2.bias_correction["applied"], out.report.table()
@@ -354,7 +353,7 @@ def test_bias_correction_refuses_without_statistics_and_says_why():
     reasons = [c["reason"] for c in corrections if not c["applied"]]
     assert any(c["applied"] for c in corrections), report.table()
     assert "function argument" in corrections[0]["reason"]  # the stem
-    assert any("maximum pool" in r for r in reasons), reasons
+    assert any("maximum pool" in r and "stablehlo.reduce_window at" in r for r in reasons), reasons
     assert any("a pool or a sum came first" in r for r in reasons), reasons
     assert {c["code"] for c in corrections if not c["applied"]} == {"no-statistics"}
     assert "not applied (no-statistics)" in report.table()
@@ -388,3 +387,78 @@ def test_bias_correction_raises_the_output_sqnr_of_a_calibrated_mobilenet(mobile
                        bias_correction=True)
     assert plain > 15.0  # equalization did its part
     assert corrected_ > plain + 0.5, (plain, corrected_)  # measured: 21.5 -> 22.6 dB
+
+
+# --- the walk back to the batch norms: its limits and what it names --------------------------
+
+STACK_CONV = ("dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} "
+              "{batch_group_count = 1 : i64, feature_group_count = 1 : i64}")
+
+
+def _dense(values: np.ndarray) -> str:
+    return "dense<" + np.array2string(values, separator=", ", threshold=10 ** 6,
+                                      floatmode="unique").replace("\n", "") + ">"
+
+
+def stack_module(layers: int, between: str = "", seed: int = 0) -> str:
+    """`layers` 1x1 conv + batch_norm_inference + ReLU6 layers in a row (4 channels, f32);
+    `between` (ops on %in -> %out, `T` for the type) sits after layer 1's ReLU6."""
+    rng = np.random.default_rng(seed)
+    t = "tensor<1x4x4x4xf32>"
+    lines = [f"func.func @main(%x: {t}) -> {t} {{",
+             f"  %zero = stablehlo.constant dense<0.0> : {t}",
+             f"  %six = stablehlo.constant dense<6.0> : {t}"]
+    prev = "%x"
+    for i in range(layers):
+        k = rng.normal(0, 0.5, (1, 1, 4, 4)).astype(np.float32)
+        g, b = rng.uniform(0.5, 1.5, 4).astype(np.float32), rng.normal(0.5, 0.5, 4).astype(np.float32)
+        m, v = rng.normal(0, 0.3, 4).astype(np.float32), rng.uniform(0.5, 2, 4).astype(np.float32)
+        lines += [f"  %k{i} = stablehlo.constant {_dense(k)} : tensor<1x1x4x4xf32>",
+                  f"  %y{i} = stablehlo.convolution({prev}, %k{i}) {STACK_CONV} : "
+                  f"({t}, tensor<1x1x4x4xf32>) -> {t}"]
+        for name, vec in (("g", g), ("b", b), ("m", m), ("v", v)):
+            lines.append(f"  %{name}{i} = stablehlo.constant {_dense(vec)} : tensor<4xf32>")
+        lines += [f'  %n{i} = "stablehlo.batch_norm_inference"(%y{i}, %g{i}, %b{i}, %m{i}, %v{i}) '
+                  f"{{epsilon = 1.0e-03 : f32, feature_index = 3 : i64}} : ({t}, tensor<4xf32>, "
+                  f"tensor<4xf32>, tensor<4xf32>, tensor<4xf32>) -> {t}",
+                  f"  %r{i} = stablehlo.clamp %zero, %n{i}, %six : {t}"]
+        prev = f"%r{i}"
+        if i == 0 and between:
+            lines.append(between.replace("%in", prev).replace("T", t))
+            prev = "%out"
+    lines += [f"  return {prev} : {t}", "}"]
+    return "\n".join(lines) + "\n"
+
+
+def _corrections(text: str) -> list[dict]:
+    report = bnfold.fold_source(text, options=options(quantize_weights="int8",
+                                                      bias_correction=True)).report
+    return [q.bias_correction for q in report.quantized]
+
+
+def test_bias_correction_walks_a_deep_stack_layer_by_layer():
+    """Each layer's walk is short (ReLU6 -> bias -> the previous conv), however many layers
+    came before: all 200 layers but the stem are corrected (the depth limit is per walk,
+    not per run)."""
+    found = _corrections(stack_module(200))
+    assert [c["applied"] for c in found] == [False] + [True] * 199, \
+        [c["reason"] for c in found if not c["applied"]][:3]
+
+
+def test_bias_correction_stops_at_its_depth_limit_and_says_so():
+    """170 transposes (each with a mean law, none foldable) between two layers: the walk
+    gives up past 160 ops with code `limit`, not a wrong mean and not a crash."""
+    swap = "dims = [0, 2, 1, 3] : (T) -> T"
+    chain = [f"  %a0 = stablehlo.transpose %in, {swap}"]
+    chain += [f"  %a{i} = stablehlo.transpose %a{i - 1}, {swap}" for i in range(1, 169)]
+    chain.append(f"  %out = stablehlo.transpose %a168, {swap}")
+    found = _corrections(stack_module(2, "\n".join(chain)))
+    assert not found[1]["applied"] and found[1]["code"] == "limit", found[1]
+    assert "more than 160 ops" in found[1]["reason"]
+
+
+def test_bias_correction_names_the_op_it_cannot_see_through():
+    """An op without a law (a sigmoid) between two layers: the reason names it and where."""
+    found = _corrections(stack_module(2, "  %out = stablehlo.logistic %in : T"))
+    assert not found[1]["applied"] and found[1]["code"] == "not-homogeneous", found[1]
+    assert "stablehlo.logistic at" in found[1]["reason"], found[1]["reason"]

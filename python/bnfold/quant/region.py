@@ -132,16 +132,21 @@ def _closure(start: ir.Value, analysis: Analysis
             if user.block != block:
                 leak = leak or Refusal(Code.NO_LAW, f"layer 1's output is read inside a region "
                                                     f"({_where(user)})")
+                onward = onward or producers.is_producer(user) or any(
+                    leads_to_producer(r, analysis) for r in user.results)
             elif producers.is_producer(user):
                 consumers[key] = user
             elif user.name == "func.return":
                 leak = leak or Refusal(Code.FAN_OUT, f"layer 1's output is also a function "
                                                      f"result ({_where(user)})")
             elif user.name == "stablehlo.return":  # the branch of a case/if ends here
-                return [], [], Refusal(Code.NO_LAW, f"layer 1's output leaves the "
+                leak = leak or Refusal(Code.NO_LAW, f"layer 1's output leaves the "
                                                     f"{_parent_name(user)} it is computed in "
                                                     f"(equalization does not cross region "
                                                     f"boundaries; {_where(user)})")
+                parent = user.parent
+                onward = onward or (parent is not None and any(
+                    leads_to_producer(r, analysis) for r in parent.results))
             elif len(user.results) != 1 or user.name == "func.call":
                 law = laws.law_of(user)
                 leak = leak or (law.wrap(_where(user)) if isinstance(law, Refusal) else Refusal(
