@@ -252,6 +252,11 @@ class _Path:
             if self.current not in list(op.operands):
                 return Refusal(Code.ROLE, f"{_short(op)} between the layers is not on the path "
                                           "from layer 1 (a branch)")
+            # Every other operand must be a constant: a second region value (relu(y) + y)
+            # carries its own shift, which the law below would not see.
+            if any(v != self.current and analysis.constant(v) is None for v in op.operands):
+                return Refusal(Code.ROLE, f"{_short(op)} after the activation also reads another "
+                                          "value of the region (a branch: its shift differs)")
             law = laws.law_of(op)
             if isinstance(law, Refusal):
                 return law
