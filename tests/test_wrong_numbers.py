@@ -10,7 +10,11 @@ against XLA and float64 numpy on the original; each failed on bnfold before the 
 5. high-bias absorption outside its identity (a second ReLU after an add: 260% error)
 and the two crashes: a reduce_window whose base dilation touches the channel axis, and
 add(z, z) between two layers. Found since: the range check of 4 placed layer 1's statistics
-(of its pre-activation) at the convolution's result before the folded bias (inf in f16).
+(of its pre-activation) at the convolution's result before the folded bias (inf in f16);
+and by a skeptical user (the breaker run of 2026-11-25), two in f16 backward and forward
+folds: the folded producer's result `y * s` overflowed where the original's `y` did not
+(inf where the original is 3e4), and scales of 2^-17 pushed a whole kernel among the
+subnormals (180x the original's error).
 """
 
 from __future__ import annotations
@@ -354,3 +358,157 @@ def test_high_bias_absorption_refuses_relu_plus_the_pre_activation():
     xs = [np.random.default_rng(0).normal(0, 1, (2, 3, 6, 2)).astype(np.float32)]
     expected = outputs(text, xs)
     assert numerics.relative_error(outputs(out.serialize().decode(), xs), expected) < 1e-5
+
+
+# --- found by the breaker: f16 range and subnormal kernels ------------------------------------
+
+F16_DOT = """
+func.func @main(%x: tensor<4x16xf16>) -> tensor<4x4xf16> {
+  %w = stablehlo.constant dense<W> : tensor<16x4xf16>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x16xf16>, tensor<16x4xf16>) -> tensor<4x4xf16>
+  CHAIN
+}
+"""
+
+
+def f16_dot(weights: np.ndarray, chain: str) -> str:
+    rows = ", ".join("[" + ", ".join(f"{float(v):.8e}" for v in row) + "]" for row in weights)
+    return F16_DOT.replace("W", "[" + rows + "]").replace("CHAIN", chain)
+
+
+def vector(name: str, values: list[float]) -> str:
+    listed = ", ".join(f"{v:.8e}" for v in values)
+    return (f"%{name}c = stablehlo.constant dense<[{listed}]> : tensor<4xf16>\n"
+            f"  %{name} = stablehlo.broadcast_in_dim %{name}c, dims = [1] : "
+            f"(tensor<4xf16>) -> tensor<4x4xf16>\n  ")
+
+
+def f16(values: list[float]) -> np.ndarray:
+    return np.asarray(values, dtype=np.float16).astype(np.float64)
+
+
+def small_weights(seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.uniform(0.006, 0.02, (16, 4)) * rng.choice([-1, 1], (16, 4))).astype(np.float16)
+
+
+def within_contract(text: str, folded: str, xs: list[np.ndarray], reference: np.ndarray) -> None:
+    """The folded module errs against float64 at most 1.5x the original plus one f16 ulp."""
+    original, actual = outputs(text, xs), outputs(folded, xs)
+    assert np.all(np.isfinite(original))
+    err_original = numerics.relative_error(original, reference)
+    err_folded = numerics.relative_error(actual, reference)
+    assert err_folded <= 1.5 * err_original + 2.0 ** -10, (err_original, err_folded)
+
+
+def shifted_input() -> list[np.ndarray]:
+    """Column 0 is 1000 (the dot_general's result is about 4e4, near f16's 65504)."""
+    x = np.random.default_rng(1).normal(0, 1, (4, 16))
+    x[:, 0] = 1000
+    return [x.astype(np.float16)]
+
+
+BIG_ROW = np.vstack([np.full((1, 4), 40.0), small_weights()[1:]]).astype(np.float16)
+
+
+def test_an_f16_backward_fold_never_grows_the_result_past_its_range():
+    """(y - 4e4) * 2 + 3e4 after an f16 dot_general whose result is about 4e4: the folded
+    producer would compute y * 2 = 8e4 before the shift, inf in f16. Nothing bounds y (no
+    statistics): refused (range), and the module keeps the original's numbers."""
+    chain = (vector("m", [40000.0] * 4) + vector("s", [2.0] * 4) + vector("b", [30000.0] * 4)
+             + "%c = stablehlo.subtract %y, %m : tensor<4x4xf16>\n"
+             "  %n = stablehlo.multiply %c, %s : tensor<4x4xf16>\n"
+             "  %o = stablehlo.add %n, %b : tensor<4x4xf16>\n  return %o : tensor<4x4xf16>")
+    text = f16_dot(BIG_ROW, chain)
+    out = fold(text)
+    xs = shifted_input()
+    reference = (xs[0].astype(np.float64) @ BIG_ROW.astype(np.float64) - 40000.0) * 2 + 30000.0
+    within_contract(text, out.serialize().decode(), xs, reference)
+    [skip] = out.report.skipped
+    assert skip.code == "range" and "nothing bounds" in skip.reason, skip.reason
+
+
+def bn_chain(gamma: float, beta: float, mean: float, variance: float) -> str:
+    stats = "".join(f"%{n} = stablehlo.constant dense<{v}> : tensor<4xf16>\n  "
+                    for n, v in (("g", gamma), ("b", beta), ("m", mean), ("v", variance)))
+    return (stats + "%o = \"stablehlo.batch_norm_inference\"(%y, %g, %b, %m, %v) "
+            "{epsilon = 0.0 : f32, feature_index = 1 : i64} : (tensor<4x4xf16>, "
+            "tensor<4xf16>, tensor<4xf16>, tensor<4xf16>, tensor<4xf16>) -> tensor<4x4xf16>"
+            "\n  return %o : tensor<4x4xf16>")
+
+
+def test_an_f16_batch_norm_whose_statistics_reach_past_the_range_is_refused():
+    """The same with batch_norm_inference: its statistics say y reaches 4e4 + 8 sigma, 8e4
+    times the scale. (XLA itself expands this op as y * s + (beta - mean * s) and gives inf
+    on the original, so there is no finite original to compare with here.)"""
+    out = fold(f16_dot(BIG_ROW, bn_chain(2.0, 30000.0, 40000.0, 1.0)))
+    [skip] = out.report.skipped
+    assert skip.code == "range" and "8 sigma" in skip.reason and "8e+04" in skip.reason, skip.reason
+
+
+def test_an_f16_batch_norm_whose_statistics_bound_the_result_still_folds():
+    """The range rule is not a blanket refusal: with statistics that keep y * s small
+    (mean 1, variance 4, scale 2) the f16 fold happens and keeps the numbers."""
+    weights = small_weights()
+    text = f16_dot(weights, bn_chain(4.0, 0.5, 1.0, 4.0))
+    out = fold(text)
+    assert len(out.report.folds) == 1 and not out.report.skipped
+    xs = [np.random.default_rng(2).normal(0, 30, (4, 16)).astype(np.float16)]
+    reference = (xs[0].astype(np.float64) @ weights.astype(np.float64) - 1.0) * 2 + 0.5
+    within_contract(text, out.serialize().decode(), xs, reference)
+
+
+TINY = [2.0 ** -17, 3 * 2.0 ** -17, 2.0 ** -16, 2.0 ** -15]
+
+
+def test_an_f16_fold_never_pushes_a_whole_kernel_among_the_subnormals():
+    """y * [2^-17 .. 2^-15] after an f16 dot_general with weights of 0.006-0.02: every
+    folded weight is subnormal and rounds by up to 30% (the original's error x180)."""
+    weights = small_weights()
+    text = f16_dot(weights, vector("s", TINY) + "%o = stablehlo.multiply %y, %s : "
+                   "tensor<4x4xf16>\n  return %o : tensor<4x4xf16>")
+    out = fold(text)
+    xs = [np.random.default_rng(3).normal(0, 1000, (4, 16)).astype(np.float16)]
+    reference = (xs[0].astype(np.float64) @ weights.astype(np.float64)) * f16(TINY)
+    within_contract(text, out.serialize().decode(), xs, reference)
+    [skip] = out.report.skipped
+    assert skip.code == "precision" and "smallest normal" in skip.reason, skip.reason
+
+
+def test_an_f16_forward_fold_never_pushes_a_whole_kernel_among_the_subnormals():
+    weights = small_weights()[:4, :3]
+    text = f"""
+func.func @main(%x: tensor<8x4xf16>) -> tensor<8x3xf16> {{
+  %w = stablehlo.constant dense<{np.array2string(weights.astype(np.float64), separator=", ",
+                                                 floatmode="unique").replace(chr(10), "")}> : tensor<4x3xf16>
+  %s = stablehlo.constant dense<{TINY}> : tensor<4xf16>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<4xf16>) -> tensor<8x4xf16>
+  %xs = stablehlo.multiply %x, %sb : tensor<8x4xf16>
+  %y = stablehlo.dot_general %xs, %w, contracting_dims = [1] x [0] : (tensor<8x4xf16>, tensor<4x3xf16>) -> tensor<8x3xf16>
+  return %y : tensor<8x3xf16>
+}}
+"""
+    out = fold(text)
+    xs = [np.random.default_rng(4).normal(0, 1000, (8, 4)).astype(np.float16)]
+    # The original rounds x * s to f16 first: the reference does too (that rounding is the
+    # original's own, kept by any fold).
+    scaled = (xs[0].astype(np.float64) * f16(TINY)).astype(np.float16).astype(np.float64)
+    reference = scaled @ weights.astype(np.float64)
+    within_contract(text, out.serialize().decode(), xs, reference)
+    [skip] = out.report.skipped
+    assert "smallest normal" in skip.reason, skip.reason
+
+
+def test_a_dead_channel_among_normal_ones_still_folds_in_f16():
+    """One channel scaled by 2^-17 beside normal ones: its weights are subnormal, but they
+    err by at most one unit of roundoff of the kernel's largest weight, so it folds. (A
+    lone multiply: the original computes y * s itself, so scales above 1 fold too.)"""
+    weights = small_weights()
+    scales = [2.0 ** -17, 1.5, 0.75, 2.0]
+    text = f16_dot(weights, vector("s", scales) + "%o = stablehlo.multiply %y, %s : "
+                   "tensor<4x4xf16>\n  return %o : tensor<4x4xf16>")
+    out = fold(text)
+    assert len(out.report.folds) == 1 and not out.report.skipped
+    xs = [np.random.default_rng(5).normal(0, 30, (4, 16)).astype(np.float16)]
+    reference = (xs[0].astype(np.float64) @ weights.astype(np.float64)) * f16(scales)
+    within_contract(text, out.serialize().decode(), xs, reference)

@@ -5,7 +5,8 @@ type. That is equivalent to the original only when
 
 1. the rounded kernel is finite (an f16 kernel times the scale of a dead
    channel, `gamma / sqrt(0 + eps)`, easily overflows),
-2. no nonzero weight rounds to zero, and
+2. no nonzero weight rounds to zero, and no kernel is pushed wholly below the
+   smallest normal number (`_below_normal`: its weights would keep a few bits), and
 3. the kernel is stored at least as precisely as the normalization is
    computed: rounding an f32 scale into bf16 weights (a `bf16 x bf16 -> f32`
    dot_general, JAX's `preferred_element_type`) adds a bf16 rounding the
@@ -18,7 +19,7 @@ the original stays within 1.5x the original's own error plus one ulp of the
 output type, which the property suite measures. Each fold reports the
 kernel's worst relative rounding against float64.
 
-Two more rules govern what moves across the producer:
+More rules govern what moves across the producer:
 
 4. a forward-folded shift must not cancel (`shift_cancels`): `x @ (K*s) +
    (t @ K)` computes at the magnitude of `x*s` and subtracts a bias of the
@@ -30,7 +31,10 @@ Two more rules govern what moves across the producer:
    within SHIFT_LIMIT units of roundoff (`kept_shift_rounds`); otherwise
    nothing folds;
 5. a narrowing convert is a rounding that stays where the original has it: no
-   scale or shift is moved across it (`bnfold.laws`, Precision.NARROWS).
+   scale or shift is moved across it (`bnfold.laws`, Precision.NARROWS);
+6. a backward fold must not grow the producer's result past its type
+   (`grown_result`): the folded producer computes `y * s` before the shift, where
+   the original subtracted the mean first (an f16 result of 4e4 times 2).
 """
 
 from __future__ import annotations
@@ -169,7 +173,8 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
     if compact.shape != tuple(shape):
         product = compact.astype(np.float64) * factor
         if product.size == 1:
-            return _finish(product.reshape(()), storage, effective, splat=True)
+            return _finish(product.reshape(()), storage, effective, splat=True,
+                           shrinks=_shrinks(factor))
         if size > MAX_EXPANDED_ELEMENTS:
             return Refusal(Code.LIMIT, f"the kernel is a splat or broadcast constant of {size} "
                            f"elements ({size * np.dtype(storage).itemsize / 2**30:.1f} GiB "
@@ -179,7 +184,7 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
     if size <= ROUNDING_SAMPLE:  # small: one float64 product, every weight checked
         with np.errstate(all="ignore"):
             return _finish(np.multiply(compact, factor, dtype=np.float64), storage, effective,
-                           splat=False)
+                           splat=False, shrinks=_shrinks(factor))
     out = arena.take(tuple(shape), storage) if arena is not None else np.empty(shape, storage)
     return _blocks(compact, factor, out, effective)
 
@@ -201,8 +206,9 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
     # scale can push a weight the original kept to zero.
     small = bool(np.any(np.abs(factor) <= 0.5))
 
-    def block(index: tuple[slice, ...]) -> tuple[bool, bool]:
-        """(finite, some weight became zero) for one block."""
+    def block(index: tuple[slice, ...]) -> tuple[float, bool]:
+        """(largest |weight|, NaN or inf when one is not finite; some weight became
+        zero) for one block."""
         part = out[index]
         # Overflow is a result the caller judges, not a warning; numpy's error
         # state is per thread, so the pool's threads set their own.
@@ -212,15 +218,22 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
             np.multiply(kernel[index], factor[_factor_index(factor, index)], out=part,
                         dtype=np.float64, casting="unsafe")
             final = part.astype(effective) if narrow else part
-        return _all_finite(final), small and bool((final == 0).any())
+        return _peak(final), small and bool((final == 0).any())
 
     with np.errstate(all="ignore"):
         results = _map(block, list(_block_indices(kernel.shape)))
         final = out if not narrow else out.astype(effective)
-        if not all(finite for finite, _ in results):
+        peaks = [p for p, _ in results]
+        peak = math.nan if any(math.isnan(p) for p in peaks) else max(peaks, default=0.0)
+        if not math.isfinite(peak):
             bad = int(np.count_nonzero(~np.isfinite(final)))
             biggest = float(np.nanmax(np.abs(np.multiply(kernel, factor, dtype=np.float64))))
             return _overflow(effective, bad, biggest)
+        if _shrinks(factor) and 0 < peak < smallest_normal(effective):  # rare: checked in full
+            problem = _below_normal(np.multiply(kernel, factor, dtype=np.float64),
+                                    final.astype(np.float64), effective)
+            if problem is not None:
+                return problem
         if any(zero for _, zero in results):
             original = kernel if not narrow else kernel.astype(effective)
             if not np.all(factor != 0):
@@ -231,10 +244,45 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
     return Rounded(out, False, _sampled_rounding(kernel, factor, final))
 
 
-def _all_finite(values: np.ndarray) -> bool:
-    # max and min propagate inf and NaN, are vectorized (twice as fast as a
-    # sum) and work for bfloat16.
-    return values.size == 0 or bool(np.isfinite(values.max()) and np.isfinite(values.min()))
+def _peak(values: np.ndarray) -> float:
+    """max |values|: NaN or inf when one is not finite. max and min propagate inf
+    and NaN, are vectorized (twice as fast as a sum) and work for bfloat16."""
+    if values.size == 0:
+        return 0.0
+    high, low = float(values.max()), float(values.min())
+    return math.nan if math.isnan(high) or math.isnan(low) else max(high, -low)
+
+
+def _shrinks(factor: np.ndarray) -> bool:
+    """Whether some scale is below 1 in magnitude: only then can a weight the original
+    stored as a normal number become subnormal."""
+    return bool(np.any(np.abs(factor) < 1))
+
+
+def _below_normal(exact: np.ndarray, final: np.ndarray, effective: np.dtype) -> Refusal | None:
+    """Rule 2: a kernel the scale pushes wholly below the smallest normal number.
+
+    Among the subnormals a weight errs by up to half their spacing, `u * tiny`
+    (u the unit roundoff, tiny the smallest normal), however small it is. While
+    the kernel has a normal weight that is at most `u * max|K*s|`, one unit of
+    roundoff of the kernel's scale, as rounding any normal weight costs; a kernel
+    whose every weight is below `tiny` (an f16 layer times scales of 2^-17) errs
+    by up to `tiny / max|K*s|` times more, which the original, computing
+    `K x` and then scaling the result, never did."""
+    peak = float(np.max(np.abs(exact), initial=0.0))
+    tiny = smallest_normal(effective)
+    if not 0 < peak < tiny:
+        return None
+    err = float(np.max(np.abs(final.reshape(-1) - exact.reshape(-1)), initial=0.0))
+    if err <= unit_roundoff(effective) * peak:
+        return None
+    return Refusal(Code.PRECISION,
+                   f"precision: the scale pushes the whole folded kernel below "
+                   f"{type_name(effective)}'s smallest normal number {tiny:.3g} (largest "
+                   f"|K*s| = {peak:.3g}), where weights keep fewer bits: they round by up to "
+                   f"{err / peak:.1%} of the largest one (a normal kernel: "
+                   f"{unit_roundoff(effective):.1e}). Keep the normalization, or store the "
+                   f"kernel in a wider type")
 
 
 def _block_indices(shape: tuple[int, ...]) -> Iterator[tuple[slice, ...]]:
@@ -333,16 +381,17 @@ def _underflow(effective: np.dtype, lost: int) -> Refusal:
 
 
 def _finish(exact: np.ndarray, storage: np.dtype, effective: np.dtype, *,
-             splat: bool) -> Rounded | Refusal:
+             splat: bool, shrinks: bool) -> Rounded | Refusal:
     with np.errstate(all="ignore"):
-        result = _check(np.asarray(exact, dtype=np.float64).reshape(-1), storage, effective)
+        result = _check(np.asarray(exact, dtype=np.float64).reshape(-1), storage, effective,
+                        shrinks)
     if isinstance(result, Refusal):
         return result
     stored, worst = result
     return Rounded(stored.reshape(np.shape(exact)), splat, worst)
 
 
-def _check(exact: np.ndarray, storage: np.dtype, effective: np.dtype
+def _check(exact: np.ndarray, storage: np.dtype, effective: np.dtype, shrinks: bool
            ) -> tuple[np.ndarray, float] | Refusal:
     """Rounds a small 1-D array of exact products; (stored, worst rounding) or the violation."""
     stored = exact.astype(storage)
@@ -354,6 +403,8 @@ def _check(exact: np.ndarray, storage: np.dtype, effective: np.dtype
     lost = int(np.count_nonzero(exact)) - int(np.count_nonzero(final64))
     if lost:
         return _underflow(effective, lost)
+    if shrinks and (problem := _below_normal(exact, final64, effective)):
+        return problem
     rel = np.abs(final64 - exact) / np.abs(exact)
     worst = float(np.fmax.reduce(rel)) if rel.size else 0.0
     return stored, 0.0 if math.isnan(worst) else worst
@@ -418,11 +469,66 @@ def kept_shift_rounds(kept: np.ndarray, scale: np.ndarray, dtype: np.dtype) -> R
                    f"(the limit is {SHIFT_LIMIT:g} units of roundoff)")
 
 
+# Where a range must be known: a value lies within mean +- RANGE_SIGMAS spread of the
+# batch norm that describes it.
+RANGE_SIGMAS = 8.0
+# A value nothing bounds (no statistics, no clamp) is assumed below this in the
+# wide-exponent types; f16 has no such assumption (growth there needs a known bound).
+ASSUMED_BOUND = {"f32": 2.0 ** 64, "bf16": 2.0 ** 64, "f64": 2.0 ** 512}
+
+
+def result_may_overflow(scale: np.ndarray, dtype: np.dtype) -> bool:
+    """Whether a backward fold's scale could push the producer's result out of `dtype`
+    unless its range is known: some |s| > 1, and the `ASSUMED_BOUND` grown by it (or,
+    in f16, any growth) exceeds the type."""
+    grows = float(np.max(np.abs(scale), initial=0.0))
+    if grows <= 1:
+        return False
+    assumed = ASSUMED_BOUND.get(type_name(dtype))
+    return assumed is None or assumed * grows > largest(dtype)
+
+
+def grown_result(scale: np.ndarray, bound: np.ndarray | None, dtype: np.dtype,
+                 producer: str) -> Refusal | None:
+    """Rule 6: why the folded producer's result, `y * s` where the original computed
+    `y`, could overflow `dtype` where the original's did not, or None.
+
+    The original subtracts the mean before it scales; the folded producer scales
+    first and the shift comes after, so its result grows by |s| (an f16 dot_general
+    of 4e4 times 2 before `- 8e4`). `bound` is `max |y * s|` per channel from the
+    batch norm's statistics (mean +- `RANGE_SIGMAS` spread), or None when the
+    chain has none; then y is assumed within `ASSUMED_BOUND`, or, in f16, growth
+    is refused."""
+    magnitude = np.abs(scale)
+    name, top = type_name(dtype), largest(dtype)
+    if bound is None:
+        assumed = ASSUMED_BOUND.get(name)
+        if assumed is None:
+            return Refusal(Code.RANGE,
+                           f"range: the folded {producer} computes its result times the scale "
+                           f"(up to {magnitude.max():.3g}x) before the shift is added, and "
+                           f"nothing bounds its {name} result (the chain has no batch-norm "
+                           f"statistics: no variance under an rsqrt, no batch_norm_inference); "
+                           f"{name} overflows at {top:g}. Keep the normalization, or compute "
+                           f"the layer in f32")
+        bound = assumed * magnitude
+    grown = np.where(magnitude > 1, bound, 0.0)
+    worst = int(np.argmax(grown))
+    if not grown[worst] > top:
+        return None
+    return Refusal(Code.RANGE,
+                   f"range: the folded {producer} computes its result times the scale before "
+                   f"the shift is added: channel {worst} (scale {scale[worst]:.3g}) reaches "
+                   f"{grown[worst]:.3g} (its batch norm's mean +- {RANGE_SIGMAS:g} sigma), "
+                   f"beyond {name}'s {top:g}, where the original's result stays within it. "
+                   f"Keep the normalization")
+
+
 def is_narrower(kernel: np.dtype, compute: np.dtype) -> bool:
     return significand_bits(kernel) < significand_bits(compute)
 
 
-__all__ = ["MAX_EXPANDED_ELEMENTS", "SHIFT_LIMIT", "Rounded", "check_bias", "is_narrower",
-           "kept_shift_rounds",
+__all__ = ["ASSUMED_BOUND", "MAX_EXPANDED_ELEMENTS", "RANGE_SIGMAS", "SHIFT_LIMIT", "Rounded",
+           "check_bias", "grown_result", "is_narrower", "kept_shift_rounds", "result_may_overflow",
            "largest", "narrow_kernel_reason", "round_scaled", "shift_cancels", "significand_bits",
            "smallest_normal", "type_name"]

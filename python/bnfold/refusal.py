@@ -39,7 +39,7 @@ class Code(enum.Enum):
     PRECISION = "precision"  # a kernel or bias would overflow, underflow or narrow
     NARROWING = "narrowing-convert"  # a rounding would move
     CANCELS = "shift-cancels"  # a forward-folded shift would cancel
-    RANGE = "range"  # equalized activations could overflow their type
+    RANGE = "range"  # a value could overflow its type (equalized activations, a folded result)
     PADDING = "padding"  # a shift through zero padding that cannot be corrected
     # The laws of the ops between two layers (equalization, high-bias absorption).
     NO_LAW = "no-law"  # an op with no law in bnfold.laws

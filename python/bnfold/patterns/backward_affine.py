@@ -182,6 +182,12 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
             if isinstance(planned, Refusal):
                 return planned
             rewrites.append(planned)
+    growth = _growth(list(composed.steps), Affine.identity(shape, fit.origin), fit, analysis)
+    if rewrites is not None and precision.result_may_overflow(growth, compute) and (
+            problem := precision.grown_result(
+                growth, _result_bound(list(composed.steps), fit, analysis), compute,
+                _producer_word(source.leaves[0]))):
+        return problem
     bias = fit.shift if np.any(fit.shift != 0) else None
     lead = affine.leading_converts(list(composed.steps))
     bias_type = elements.ranked_type(lead[-1].result if lead else source.value)
@@ -190,6 +196,40 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
         return problem
     return Plan(source, tuple(composed.steps), fit, None if rewrites is None else tuple(rewrites),
                 bias, composed.stop_reason, chain)
+
+
+# Steps after which the original has computed `y * s` itself, in the producer's type.
+_PURE_SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
+                 "stablehlo.reshape", "stablehlo.transpose")
+
+
+def _growth(steps: list[Step], start: Affine, fit: Affine, analysis: Analysis) -> np.ndarray:
+    """How much larger the folded producer's result `y * s` is than the largest multiple
+    of `y` the original computes in the producer's type: its leading multiplies (before
+    any shift or convert) compute `y * s'` itself, so the result grows by `s / s'`."""
+    lead = 0
+    while lead < len(steps) and steps[lead].name in _PURE_SCALING:
+        lead += 1
+    if lead == 0:
+        return fit.scale
+    computed = affine.compose(steps[:lead], start, analysis.evaluator).affine.scale
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(computed != 0, fit.scale / computed, 0.0)
+
+
+def _result_bound(steps: list[Step], fit: Affine, analysis: Analysis) -> np.ndarray | None:
+    """max |y * s| per channel of the folded producer's result (`y` the original's, before
+    the chain's bias adds), from the batch norm's statistics, or None without them."""
+    if len(fit.gamma_beta) > 1:
+        return None
+    params = fit.gamma_beta[0] if fit.gamma_beta else \
+        statistics.recover(steps, fit, analysis.evaluator)
+    output = statistics.pre_activation(steps, fit, params, analysis.evaluator) \
+        if params is not None else None
+    if output is None:
+        return None
+    mean, spread = output  # of the chain's output y * s + t
+    return np.abs(mean - fit.shift) + precision.RANGE_SIGMAS * spread
 
 
 def _kernel_axes(leaves: tuple[ir.Operation, ...], axis: int, analysis: Analysis

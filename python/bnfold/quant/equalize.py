@@ -29,7 +29,7 @@ precision contract of folding).
 
 Dividing a channel by s < 1 grows every activation of the region by 1/s:
 each value's interval (from layer 1's folded batch-norm statistics, within
-`RANGE_SIGMAS`, and from the laws: clamps bound, sum pools multiply) must stay
+`precision.RANGE_SIGMAS`, and from the laws: clamps bound, sum pools multiply) must stay
 within its type once divided by s, or the set is refused (`Code.RANGE`).
 """
 
@@ -64,11 +64,6 @@ NAME = "equalize"
 MAX_ITERATIONS = 200
 CONVERGED = 1e-9  # max |log s| of a sweep over a set that counts as converged
 ALREADY_EQUAL = 1e-3  # a set whose scales are all within 0.1% of 1 is left alone
-# Layer 1's activations lie within mean +- RANGE_SIGMAS spread of its folded batch norm.
-RANGE_SIGMAS = 8.0
-# An activation nothing bounds (no statistics, no clamp) is assumed below this in the
-# wide-exponent types; f16 has no such assumption (growth there needs a known bound).
-ASSUMED_BOUND = {"f32": 2.0 ** 64, "bf16": 2.0 ** 64, "f64": 2.0 ** 512}
 
 
 @dataclass(frozen=True)
@@ -181,12 +176,12 @@ def pair(op: ir.Operation, ctx: Context, layers: dict[int, Layer | Refusal]
 
 def source_interval(statistics: Statistics | None, channels: int) -> Interval:
     """Layer 1's result values (the walk starts there, before the bias its fold added):
-    mean +- RANGE_SIGMAS spread, or unknown."""
+    mean +- precision.RANGE_SIGMAS spread, or unknown."""
     found = statistics.at_result() if statistics is not None else None
     if found is None:
         return region.unknown(channels)
     mean, spread = found
-    return Interval(mean - RANGE_SIGMAS * spread, mean + RANGE_SIGMAS * spread)
+    return Interval(mean - precision.RANGE_SIGMAS * spread, mean + precision.RANGE_SIGMAS * spread)
 
 
 def output_axis(op: ir.Operation, analysis: Analysis
@@ -362,7 +357,7 @@ def _factor(layer: Layer, role: _Roles, before: np.ndarray | None,
 def range_problem(found: Region, scale: np.ndarray) -> Refusal | None:
     """Why dividing the region's values by `scale` could overflow their type: a channel
     that grows (s < 1) must have a known bound (statistics, a clamp) that stays within
-    the type, or, in the wide-exponent types, the documented `ASSUMED_BOUND`."""
+    the type, or, in the wide-exponent types, the documented `precision.ASSUMED_BOUND`."""
     grows = scale < 1
     for reached in found.reached:
         dtype = elements.numpy_dtype(ir.RankedTensorType(reached.value.type).element_type)
@@ -372,7 +367,7 @@ def range_problem(found: Region, scale: np.ndarray) -> Refusal | None:
         magnitude = reached.interval.magnitude()
         unknown = grows & ~np.isfinite(magnitude)
         if np.any(unknown):
-            assumed = ASSUMED_BOUND.get(name)
+            assumed = precision.ASSUMED_BOUND.get(name)
             if assumed is None:
                 return Refusal(Code.RANGE, f"range: dividing channels by scales down to "
                                            f"{scale.min():.3g} grows {name} activations that "
