@@ -181,6 +181,25 @@ def test_calls_are_inlined_per_call_site_and_fold(form):
     assert again == folded and not second.folds
 
 
+_jit_bn = jax.jit(_bn)
+
+
+def test_a_jitted_batch_norm_called_after_each_layer_is_inlined_per_call_site_and_folds():
+    """`@_bn(%y, %p...)` holds only the normalization; each call gets the layer's result and
+    its own statistics. (Found by the breaker run: neither call folded, and the one report
+    entry blamed a block argument inside the helper.)"""
+    def f(x):
+        y = jax.nn.relu(_jit_bn(_conv(x, PARAMS[0]["k"]), PARAMS[0]))
+        return jax.nn.relu(_jit_bn(_conv(y, PARAMS[1]["k"]), PARAMS[1]))
+    x = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    text = jax.jit(f).lower(x).as_text()
+    assert "func.call" in text or "call @" in text  # the helper really is a function
+    folded, report = support.fold(text)
+    assert len(report.folds) == 2 and not report.skipped, report.dumps()
+    assert len(report.inlined) == 2
+    numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(f(x))])
+
+
 def test_a_helper_with_a_non_constant_kernel_is_not_inlined():
     def f(x, k):
         return _bn(_jit_conv(x, k), PARAMS[0])

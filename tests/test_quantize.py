@@ -460,5 +460,6 @@ def test_bias_correction_stops_at_its_depth_limit_and_says_so():
 def test_bias_correction_names_the_op_it_cannot_see_through():
     """An op without a law (a sigmoid) between two layers: the reason names it and where."""
     found = _corrections(stack_module(2, "  %out = stablehlo.logistic %in : T"))
-    assert not found[1]["applied"] and found[1]["code"] == "not-homogeneous", found[1]
+    assert not found[1]["applied"] and found[1]["code"] == "no-law", found[1]
     assert "stablehlo.logistic at" in found[1]["reason"], found[1]["reason"]
+    assert "no mean law" in found[1]["reason"] and "homogeneous" not in found[1]["reason"]

@@ -198,6 +198,24 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
                 bias, composed.stop_reason, chain)
 
 
+def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analysis) -> bool:
+    """Whether `call` passes a producer result (with a constant kernel, and no other live
+    user) that the helper's first op takes as the activation of an affine step."""
+    arguments = site.arguments
+    for index, passed in enumerate(call.operands):
+        producer = defining_op(passed)
+        if producer is None or not producers.is_producer(producer) or \
+                analysis.sole_live_user(passed) != call or index >= len(arguments):
+            continue
+        if not any(analysis.constant(producer.operands[i]) is not None for i in (0, 1)):
+            continue
+        user = analysis.sole_live_user(arguments[index])
+        step = analysis.step(user) if user is not None else None
+        if step is not None and step.x == arguments[index]:
+            return True
+    return False
+
+
 # Steps after which the original has computed `y * s` itself, in the producer's type.
 _PURE_SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
                  "stablehlo.reshape", "stablehlo.transpose")
@@ -332,12 +350,15 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
 
     def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
         """A helper whose producer gets a constant kernel from this call site (a nested jit
-        block), or that returns a producer result (through nested helpers too) that the
-        caller normalizes, with a kernel constant at this call site."""
-        if not (ctx.body_ops(callee) & {*producers.NAMES, "func.call"}):
-            return False  # an activation helper: nothing to fold inside or behind it
+        block), that returns a producer result (through nested helpers too) that the
+        caller normalizes, with a kernel constant at this call site, or that normalizes
+        a producer result the caller passes it (a jitted batch norm, `@bn(%y, %g, %b)`)."""
         analysis = ctx.analysis
         site = CallSite(call, callee)
+        if _normalizes_an_argument(call, site, analysis):
+            return True
+        if not (ctx.body_ops(callee) & {*producers.NAMES, "func.call"}):
+            return False  # an activation helper: nothing to fold inside or behind it
         body = [op.operation for op in callee.regions[0].blocks[0].operations]
         arguments = site.arguments
         for op in body:

@@ -79,6 +79,9 @@ class Walk:
             return self._producer(owner)
         law = laws.law_of(owner)
         if isinstance(law, Refusal):
+            if law.code is Code.NOT_HOMOGENEOUS:  # the scale law's words; a mean has its own
+                return Refusal(Code.NO_LAW, f"{_where(owner)} has no mean law (the mean of "
+                                            f"its output does not follow from its input's)")
             return law.wrap(_where(owner))
         if len(owner.results) != 1:
             return Refusal(Code.NO_LAW, f"{_where(owner)} has {len(owner.results)} results")
