@@ -420,8 +420,8 @@ MEAN_REFUSED = {("stablehlo.select", "leaky"): "no-statistics",  # a branch is x
                 ("stablehlo.reduce_window", "sum_pool_padded"): "padding",
                 ("stablehlo.reduce_window", "max_pool"): "no-statistics"}
 MEAN_REFUSED_CASES = {"pad_with_nonzero_value": "padding", "multiply_by_itself": "no-statistics",
-                      "constant_over_x": "no-statistics", "sigmoid": "not-homogeneous",
-                      "cbrt": "not-homogeneous", "slice_has_no_law": "no-law",
+                      "constant_over_x": "no-statistics", "sigmoid": "no-law",
+                      "cbrt": "no-law", "slice_has_no_law": "no-law",
                       "pool_across_channels": "axis", "residual_branch": "no-statistics"}
 
 

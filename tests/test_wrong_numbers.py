@@ -428,6 +428,22 @@ def test_an_f16_backward_fold_never_grows_the_result_past_its_range():
     assert skip.code == "range" and "nothing bounds" in skip.reason, skip.reason
 
 
+def test_an_f16_bias_then_scale_still_folds():
+    """(y + b) * 2 with a small bias: the original computes y * 2 + 2b itself, so the folded
+    result exceeds its values by |2b| at most, far below f16's range: it folds."""
+    chain = (vector("b", [0.5, -0.25, 1.0, 2.0]) + vector("s", [2.0, 3.0, 1.5, 4.0])
+             + "%c = stablehlo.add %y, %b : tensor<4x4xf16>\n"
+             "  %o = stablehlo.multiply %c, %s : tensor<4x4xf16>\n  return %o : tensor<4x4xf16>")
+    weights = small_weights()
+    text = f16_dot(weights, chain)
+    out = fold(text)
+    assert len(out.report.folds) == 1 and not out.report.skipped, out.report.table()
+    xs = [np.random.default_rng(6).normal(0, 30, (4, 16)).astype(np.float16)]
+    reference = (xs[0].astype(np.float64) @ weights.astype(np.float64)
+                 + f16([0.5, -0.25, 1.0, 2.0])) * f16([2.0, 3.0, 1.5, 4.0])
+    within_contract(text, out.serialize().decode(), xs, reference)
+
+
 def bn_chain(gamma: float, beta: float, mean: float, variance: float) -> str:
     stats = "".join(f"%{n} = stablehlo.constant dense<{v}> : tensor<4xf16>\n  "
                     for n, v in (("g", gamma), ("b", beta), ("m", mean), ("v", variance)))

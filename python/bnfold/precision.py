@@ -34,7 +34,7 @@ More rules govern what moves across the producer:
    scale or shift is moved across it (`bnfold.laws`, Precision.NARROWS);
 6. a backward fold must not grow the producer's result past its type
    (`grown_result`): the folded producer computes `y * s` before the shift, where
-   the original subtracted the mean first (an f16 result of 4e4 times 2).
+   the original may have subtracted a mean first (an f16 result of 4e4 times 2).
 """
 
 from __future__ import annotations
@@ -477,51 +477,56 @@ RANGE_SIGMAS = 8.0
 ASSUMED_BOUND = {"f32": 2.0 ** 64, "bf16": 2.0 ** 64, "f64": 2.0 ** 512}
 
 
-def result_may_overflow(scale: np.ndarray, dtype: np.dtype) -> bool:
-    """Whether a backward fold's scale could push the producer's result out of `dtype`
-    unless its range is known: some |s| > 1, and the `ASSUMED_BOUND` grown by it (or,
-    in f16, any growth) exceeds the type."""
-    grows = float(np.max(np.abs(scale), initial=0.0))
-    if grows <= 1:
-        return False
-    assumed = ASSUMED_BOUND.get(type_name(dtype))
-    return assumed is None or assumed * grows > largest(dtype)
+# A folded result may exceed what the original computes by this fraction of its type's
+# range: it then overflows only where the original's own value is within that of
+# overflowing too (a conv bias times a BN scale is far below it; a mean of 4e4 in f16 is not).
+RESULT_MARGIN = 1 / 16
 
 
-def grown_result(scale: np.ndarray, bound: np.ndarray | None, dtype: np.dtype,
-                 producer: str) -> Refusal | None:
-    """Rule 6: why the folded producer's result, `y * s` where the original computed
-    `y`, could overflow `dtype` where the original's did not, or None.
+def grown_result(scale: np.ndarray, overshoot: np.ndarray | None, bound: Callable[[], np.ndarray | None],
+                 dtype: np.dtype, producer: str) -> Refusal | None:
+    """Rule 6: why the folded producer's result `y * s` could overflow `dtype` where the
+    original's values do not, or None.
 
-    The original subtracts the mean before it scales; the folded producer scales
-    first and the shift comes after, so its result grows by |s| (an f16 dot_general
-    of 4e4 times 2 before `- 8e4`). `bound` is `max |y * s|` per channel from the
-    batch norm's statistics (mean +- `RANGE_SIGMAS` spread), or None when the
-    chain has none; then y is assumed within `ASSUMED_BOUND`, or, in f16, growth
-    is refused."""
-    magnitude = np.abs(scale)
-    name, top = type_name(dtype), largest(dtype)
-    if bound is None:
-        assumed = ASSUMED_BOUND.get(name)
-        if assumed is None:
-            return Refusal(Code.RANGE,
-                           f"range: the folded {producer} computes its result times the scale "
-                           f"(up to {magnitude.max():.3g}x) before the shift is added, and "
-                           f"nothing bounds its {name} result (the chain has no batch-norm "
-                           f"statistics: no variance under an rsqrt, no batch_norm_inference); "
-                           f"{name} overflows at {top:g}. Keep the normalization, or compute "
-                           f"the layer in f32")
-        bound = assumed * magnitude
-    grown = np.where(magnitude > 1, bound, 0.0)
-    worst = int(np.argmax(grown))
-    if not grown[worst] > top:
+    The original computes `y * s + t'` itself once its last scaling step has run (`t'`
+    the shift added by then: the bias times the scale of `(y + b) * s`, or `-m * s` of
+    `(y - m) * s`), so `|y * s|` exceeds a value the original computes by at most
+    `overshoot = |t'|`; None when that value is not in `dtype` (a convert came first).
+    Within `RESULT_MARGIN` of the type's range it may grow; beyond, `bound()` (max
+    |y * s| from the batch norm's statistics, mean +- `RANGE_SIGMAS` spread) must stay
+    within the type, or, without statistics, `ASSUMED_BOUND` times the scale (f16 has
+    none)."""
+    grows = np.abs(scale) > 1
+    if not np.any(grows):
         return None
+    name, top = type_name(dtype), largest(dtype)
+    if overshoot is not None and np.all(overshoot[grows] <= RESULT_MARGIN * top):
+        return None
+    known = bound()
+    if known is not None:
+        grown = np.where(grows, known, 0.0)
+        worst = int(np.argmax(grown))
+        if grown[worst] <= top:
+            return None
+        return Refusal(Code.RANGE,
+                       f"range: the folded {producer} computes its result times the scale "
+                       f"before the shift is added: channel {worst} (scale "
+                       f"{scale[worst]:.3g}) reaches {grown[worst]:.3g} (its batch norm's mean "
+                       f"+- {RANGE_SIGMAS:g} sigma), beyond {name}'s {top:g}, where the "
+                       f"original's values stay within it. Keep the normalization")
+    assumed = ASSUMED_BOUND.get(name)
+    if assumed is not None and assumed * float(np.max(np.abs(scale))) <= top:
+        return None  # the wide types' documented assumption about unbounded values
+    why = (f"the original has added up to {float(np.max(overshoot[grows])):.3g} by the time it "
+           f"has scaled, so the folded result can exceed the original's values by that much"
+           if overshoot is not None else
+           "the original scales after a convert, in another type")
     return Refusal(Code.RANGE,
-                   f"range: the folded {producer} computes its result times the scale before "
-                   f"the shift is added: channel {worst} (scale {scale[worst]:.3g}) reaches "
-                   f"{grown[worst]:.3g} (its batch norm's mean +- {RANGE_SIGMAS:g} sigma), "
-                   f"beyond {name}'s {top:g}, where the original's result stays within it. "
-                   f"Keep the normalization")
+                   f"range: the folded {producer} computes its result times the scale (up to "
+                   f"{float(np.max(np.abs(scale))):.3g}x) before the shift is added; {why}, and "
+                   f"nothing bounds its {name} result (the chain has no batch-norm statistics: no "
+                   f"variance under an rsqrt, no batch_norm_inference); {name} overflows at "
+                   f"{top:g}. Keep the normalization, or compute the layer in f32")
 
 
 def is_narrower(kernel: np.dtype, compute: np.dtype) -> bool:
@@ -529,6 +534,6 @@ def is_narrower(kernel: np.dtype, compute: np.dtype) -> bool:
 
 
 __all__ = ["ASSUMED_BOUND", "MAX_EXPANDED_ELEMENTS", "RANGE_SIGMAS", "SHIFT_LIMIT", "Rounded",
-           "check_bias", "grown_result", "is_narrower", "kept_shift_rounds", "result_may_overflow",
+           "RESULT_MARGIN", "check_bias", "grown_result", "is_narrower", "kept_shift_rounds",
            "largest", "narrow_kernel_reason", "round_scaled", "shift_cancels", "significand_bits",
            "smallest_normal", "type_name"]

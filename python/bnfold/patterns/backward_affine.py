@@ -182,10 +182,11 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
             if isinstance(planned, Refusal):
                 return planned
             rewrites.append(planned)
-    growth = _growth(list(composed.steps), Affine.identity(shape, fit.origin), fit, analysis)
-    if rewrites is not None and precision.result_may_overflow(growth, compute) and (
+    if rewrites is not None and np.any(np.abs(fit.scale) > 1) and (
             problem := precision.grown_result(
-                growth, _result_bound(list(composed.steps), fit, analysis), compute,
+                fit.scale, _overshoot(list(composed.steps), Affine.identity(shape, fit.origin),
+                                      analysis),
+                lambda: _result_bound(list(composed.steps), fit, analysis), compute,
                 _producer_word(source.leaves[0]))):
         return problem
     bias = fit.shift if np.any(fit.shift != 0) else None
@@ -216,23 +217,14 @@ def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analys
     return False
 
 
-# Steps after which the original has computed `y * s` itself, in the producer's type.
-_PURE_SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
-                 "stablehlo.reshape", "stablehlo.transpose")
-
-
-def _growth(steps: list[Step], start: Affine, fit: Affine, analysis: Analysis) -> np.ndarray:
-    """How much larger the folded producer's result `y * s` is than the largest multiple
-    of `y` the original computes in the producer's type: its leading multiplies (before
-    any shift or convert) compute `y * s'` itself, so the result grows by `s / s'`."""
-    lead = 0
-    while lead < len(steps) and steps[lead].name in _PURE_SCALING:
-        lead += 1
-    if lead == 0:
-        return fit.scale
-    computed = affine.compose(steps[:lead], start, analysis.evaluator).affine.scale
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(computed != 0, fit.scale / computed, 0.0)
+def _overshoot(steps: list[Step], start: Affine, analysis: Analysis) -> np.ndarray | None:
+    """|t'| per channel: the shift the original has added when its last scaling step has
+    run, so it computes `y * s + t'` itself; None when a convert comes first (the original
+    scales in another type)."""
+    last = max((i for i, step in enumerate(steps) if step.name in affine.SCALING), default=-1)
+    if any(step.name == "stablehlo.convert" for step in steps[:last + 1]):
+        return None
+    return np.abs(affine.compose(steps[:last + 1], start, analysis.evaluator).affine.shift)
 
 
 def _result_bound(steps: list[Step], fit: Affine, analysis: Analysis) -> np.ndarray | None:
