@@ -200,6 +200,33 @@ def test_a_jitted_batch_norm_called_after_each_layer_is_inlined_per_call_site_an
     numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(f(x))])
 
 
+BN_HELPER_FAN_OUT = """
+func.func private @bn(%y: tensor<2x4xf32>, %g: tensor<4xf32>) -> tensor<2x4xf32> {
+  %gb = stablehlo.broadcast_in_dim %g, dims = [1] : (tensor<4xf32>) -> tensor<2x4xf32>
+  %m = stablehlo.multiply %y, %gb : tensor<2x4xf32>
+  return %m : tensor<2x4xf32>
+}
+func.func @main(%x: tensor<2x3xf32>) -> (tensor<2x4xf32>, tensor<2x4xf32>) {
+  %w = stablehlo.constant dense<[[1.0, 2.0, 0.5, 0.25], [1.5, -1.0, 2.0, 1.0], [0.5, 0.5, -1.0, 2.0]]> : tensor<3x4xf32>
+  %g = stablehlo.constant dense<[0.5, 2.0, 3.0, 0.25]> : tensor<4xf32>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+  %z = func.call @bn(%y, %g) : (tensor<2x4xf32>, tensor<4xf32>) -> tensor<2x4xf32>
+  return %z, %y : tensor<2x4xf32>, tensor<2x4xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("options", [{}, {"equalize": True}, {"equalize": True, "absorb_high_bias": True}])
+def test_a_helper_given_a_layer_result_that_is_also_returned_is_no_internal_error(options):
+    """The fuzzer (seed 402) found the inlining check comparing the call with a missing sole
+    user (the layer's result has two): a TypeError. Now the helper stays, with a reason."""
+    out = bnfold.fold_source(BN_HELPER_FAN_OUT, options=bnfold.FoldOptions(**options))
+    assert not out.report.folds and out.report.skipped, out.report.table()
+    x = RNG.normal(size=(2, 3)).astype(np.float32)
+    numerics.check_close(numerics.run_xla(out.serialize().decode(), [x]),
+                         numerics.run_xla(BN_HELPER_FAN_OUT, [x]))
+
+
 def test_a_helper_with_a_non_constant_kernel_is_not_inlined():
     def f(x, k):
         return _bn(_jit_conv(x, k), PARAMS[0])

@@ -528,3 +528,34 @@ def test_a_dead_channel_among_normal_ones_still_folds_in_f16():
     xs = [np.random.default_rng(5).normal(0, 30, (4, 16)).astype(np.float16)]
     reference = (xs[0].astype(np.float64) @ weights.astype(np.float64)) * f16(scales)
     within_contract(text, out.serialize().decode(), xs, reference)
+
+
+NARROWED_THEN_SCALED = """
+func.func @main(%x: tensor<2x3xf32>) -> tensor<2x4xf16> {
+  %w = stablehlo.constant dense<[[1.0e4, 2.0, 0.5, 0.25], [1.5, -1.0, 2.0, 1.0], [0.5, 0.5, -1.0, 2.0]]> : tensor<3x4xf32>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+  %h = stablehlo.convert %y : (tensor<2x4xf32>) -> tensor<2x4xf16>
+  %m = stablehlo.constant dense<[4000.0, 0.0, 0.0, 0.0]> : tensor<4xf16>
+  %mb = stablehlo.broadcast_in_dim %m, dims = [1] : (tensor<4xf16>) -> tensor<2x4xf16>
+  %s = stablehlo.constant dense<[8.0, 2.0, 2.0, 2.0]> : tensor<4xf16>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<4xf16>) -> tensor<2x4xf16>
+  %c = stablehlo.subtract %h, %mb : tensor<2x4xf16>
+  %o = stablehlo.multiply %c, %sb : tensor<2x4xf16>
+  return %o : tensor<2x4xf16>
+}
+"""
+
+
+def test_rule_6_holds_in_the_narrow_type_after_a_narrowing_convert():
+    """An f32 dot_general of about 8200, narrowed to f16, then (h - 4000) * 8: the scale
+    would go into the f32 kernel, y * 8 = 65600 would be narrowed to f16 (inf) before the
+    bias; the type that must hold y * s is f16 (breaker run 2: inf where the original is
+    33600). Refused, numbers kept."""
+    out = fold(NARROWED_THEN_SCALED)
+    xs = [np.array([[0.82, 0.001, 0.002], [0.4001, 0.0, 0.003]], np.float32)]
+    w = np.array([[1.0e4, 2.0, 0.5, 0.25], [1.5, -1.0, 2.0, 1.0], [0.5, 0.5, -1.0, 2.0]])
+    h = (xs[0].astype(np.float64) @ w).astype(np.float16).astype(np.float64)
+    reference = (h - [4000.0, 0, 0, 0]) * [8.0, 2.0, 2.0, 2.0]
+    within_contract(NARROWED_THEN_SCALED, out.serialize().decode(), xs, reference)
+    [skip] = out.report.skipped
+    assert skip.code == "range" and "f16" in skip.reason, skip.reason

@@ -328,6 +328,12 @@ def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
     except KeyboardInterrupt:
         pass
     print(f"{PROG}: Model Explorer stopped; its temporary files are removed", file=sys.stderr)
+    # Model Explorer leaves non-daemon threads behind (its server; a PyPI version check
+    # that can take a minute without network), which would keep the process alive after
+    # Ctrl+C. The outputs and the report are written by now.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _outputs(args: argparse.Namespace) -> Outputs:

@@ -520,7 +520,7 @@ def grown_result(scale: np.ndarray, overshoot: np.ndarray | None, bound: Callabl
     why = (f"the original has added up to {float(np.max(overshoot[grows])):.3g} by the time it "
            f"has scaled, so the folded result can exceed the original's values by that much"
            if overshoot is not None else
-           "the original scales after a convert, in another type")
+           "the original scales in another type (after a convert)")
     return Refusal(Code.RANGE,
                    f"range: the folded {producer} computes its result times the scale (up to "
                    f"{float(np.max(np.abs(scale))):.3g}x) before the shift is added; {why}, and "

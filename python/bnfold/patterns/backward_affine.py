@@ -182,15 +182,16 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
             if isinstance(planned, Refusal):
                 return planned
             rewrites.append(planned)
+    lead = affine.leading_converts(list(composed.steps))
+    holds = _narrowest(compute, lead)
     if rewrites is not None and np.any(np.abs(fit.scale) > 1) and (
             problem := precision.grown_result(
                 fit.scale, _overshoot(list(composed.steps), Affine.identity(shape, fit.origin),
-                                      analysis),
-                lambda: _result_bound(list(composed.steps), fit, analysis), compute,
+                                      analysis, holds),
+                lambda: _result_bound(list(composed.steps), fit, analysis), holds,
                 _producer_word(source.leaves[0]))):
         return problem
     bias = fit.shift if np.any(fit.shift != 0) else None
-    lead = affine.leading_converts(list(composed.steps))
     bias_type = elements.ranked_type(lead[-1].result if lead else source.value)
     bias_dtype = elements.numpy_dtype(bias_type.element_type) if bias_type else compute
     if bias is not None and (problem := precision.check_bias(bias, bias_dtype or compute)):
@@ -205,8 +206,9 @@ def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analys
     arguments = site.arguments
     for index, passed in enumerate(call.operands):
         producer = defining_op(passed)
-        if producer is None or not producers.is_producer(producer) or \
-                analysis.sole_live_user(passed) != call or index >= len(arguments):
+        user = analysis.sole_live_user(passed)
+        if producer is None or not producers.is_producer(producer) or user is None or \
+                user != call or index >= len(arguments):
             continue
         if not any(analysis.constant(producer.operands[i]) is not None for i in (0, 1)):
             continue
@@ -217,12 +219,26 @@ def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analys
     return False
 
 
-def _overshoot(steps: list[Step], start: Affine, analysis: Analysis) -> np.ndarray | None:
+def _narrowest(compute: np.dtype, lead: list[Step]) -> np.dtype:
+    """The type with the smallest range that the folded result `y * s` passes through:
+    the producer's, or a leading convert's (the bias is added after them: an f32 producer
+    narrowed to f16 holds `y * s` in f16)."""
+    found = compute
+    for step in lead:
+        dtype = elements.numpy_dtype(ir.RankedTensorType(step.result.type).element_type)
+        if dtype is not None and precision.largest(dtype) < precision.largest(found):
+            found = dtype
+    return found
+
+
+def _overshoot(steps: list[Step], start: Affine, analysis: Analysis, dtype: np.dtype
+               ) -> np.ndarray | None:
     """|t'| per channel: the shift the original has added when its last scaling step has
-    run, so it computes `y * s + t'` itself; None when a convert comes first (the original
-    scales in another type)."""
+    run, so it computes `y * s + t'` itself; None when that step computes in another type
+    than `dtype` (the one that must hold the folded result)."""
     last = max((i for i, step in enumerate(steps) if step.name in affine.SCALING), default=-1)
-    if any(step.name == "stablehlo.convert" for step in steps[:last + 1]):
+    if last >= 0 and elements.numpy_dtype(
+            ir.RankedTensorType(steps[last].result.type).element_type) != dtype:
         return None
     return np.abs(affine.compose(steps[:last + 1], start, analysis.evaluator).affine.shift)
 
