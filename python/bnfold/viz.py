@@ -134,8 +134,8 @@ def _busy(host: str, port: int) -> str:
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
-    """SIGTERM stops the server as Ctrl+C does (Model Explorer returns on
-    KeyboardInterrupt), so the caller's cleanup runs; the old handler comes back."""
+    """SIGTERM and SIGINT stop the server as Ctrl+C does (Model Explorer returns on
+    KeyboardInterrupt), so the caller's cleanup runs; the old handlers come back."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -143,11 +143,15 @@ def _terminate_as_interrupt() -> Iterator[None]:
     def interrupt(signum: int, frame: Any) -> None:
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    # SIGINT too: a process started in the background of a script inherits SIGINT ignored,
+    # and Python then installs no KeyboardInterrupt handler of its own.
+    previous = {number: signal.signal(number, interrupt)
+                for number in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def check_installed() -> None:
