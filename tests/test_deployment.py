@@ -227,6 +227,43 @@ def test_a_helper_given_a_layer_result_that_is_also_returned_is_no_internal_erro
                          numerics.run_xla(BN_HELPER_FAN_OUT, [x]))
 
 
+SCALED_INTO_HELPER = """
+func.func private @h(%y: tensor<2x4xf16>) -> tensor<2x4xf16> {
+  %n = stablehlo.negate %y : tensor<2x4xf16>
+  %c = stablehlo.constant dense<1.868> : tensor<f16>
+  %cb = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f16>) -> tensor<2x4xf16>
+  %m = stablehlo.multiply %cb, %n : tensor<2x4xf16>
+  return %m : tensor<2x4xf16>
+}
+func.func @main(%x: tensor<2x3xf16>) -> tensor<2x4xf16> {
+  %w = stablehlo.constant dense<[[1.0, 2.0, 0.5, 0.25], [1.5, -1.0, 2.0, 1.0], [0.5, 0.5, -1.0, 2.0]]> : tensor<3x4xf16>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x3xf16>, tensor<3x4xf16>) -> tensor<2x4xf16>
+  %c = stablehlo.constant dense<1.1875> : tensor<f16>
+  %cb = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f16>) -> tensor<2x4xf16>
+  %s = stablehlo.multiply %y, %cb : tensor<2x4xf16>
+  %z = func.call @h(%s) : (tensor<2x4xf16>) -> tensor<2x4xf16>
+  return %z : tensor<2x4xf16>
+}
+"""
+
+
+def test_a_helper_after_a_scaled_layer_is_inlined_in_the_first_run():
+    """The fuzzer (seed 524): `conv * 1.1875` then a helper that negates and scales. The
+    first run folded the multiply only; the second then saw the layer's result at the call,
+    inlined and folded again (fold(fold(m)) != fold(m)). Now one run does both."""
+    folded, report = support.fold(SCALED_INTO_HELPER)
+    assert report.inlined == ["h"] and len(report.folds) == 1, report.dumps()
+    again, second = support.fold(folded)
+    assert again == folded and not second.folds and not second.inlined
+    x = RNG.normal(size=(2, 3)).astype(np.float16)
+    w = np.array([[1.0, 2.0, 0.5, 0.25], [1.5, -1.0, 2.0, 1.0], [0.5, 0.5, -1.0, 2.0]])
+    reference = -(x.astype(np.float64) @ w) * 1.1875 * float(np.float16(1.868))
+    original = numerics.run_xla(SCALED_INTO_HELPER, [x])[0].astype(np.float64)
+    actual = numerics.run_xla(folded, [x])[0].astype(np.float64)
+    assert numerics.relative_error(actual, reference) <= \
+        1.5 * numerics.relative_error(original, reference) + 2.0 ** -10
+
+
 def test_a_helper_with_a_non_constant_kernel_is_not_inlined():
     def f(x, k):
         return _bn(_jit_conv(x, k), PARAMS[0])

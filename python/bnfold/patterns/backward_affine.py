@@ -205,10 +205,8 @@ def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analys
     user) that the helper's first op takes as the activation of an affine step."""
     arguments = site.arguments
     for index, passed in enumerate(call.operands):
-        producer = defining_op(passed)
-        user = analysis.sole_live_user(passed)
-        if producer is None or not producers.is_producer(producer) or user is None or \
-                user != call or index >= len(arguments):
+        producer = _chain_source(passed, call, analysis)
+        if producer is None or index >= len(arguments):
             continue
         if not any(analysis.constant(producer.operands[i]) is not None for i in (0, 1)):
             continue
@@ -217,6 +215,30 @@ def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analys
         if step is not None and step.x == arguments[index]:
             return True
     return False
+
+
+MAX_CHAIN_WALK = 64  # affine steps between a producer and the helper call it feeds
+
+
+def _chain_source(value: ir.Value, user: ir.Operation, analysis: Analysis
+                  ) -> ir.Operation | None:
+    """The producer whose result reaches `user` as `value` through affine steps only, each
+    value with no other live user (the caller's own part of the chain: `conv * 1.2` before
+    the helper folds first, and a second run must not find more), or None."""
+    for _ in range(MAX_CHAIN_WALK):
+        sole = analysis.sole_live_user(value)
+        if sole is None or sole != user:
+            return None
+        owner = defining_op(value)
+        if owner is None:
+            return None
+        if producers.is_producer(owner):
+            return owner
+        step = analysis.step(owner)
+        if step is None:
+            return None
+        value, user = step.x, owner
+    return None
 
 
 def _narrowest(compute: np.dtype, lead: list[Step]) -> np.dtype:
