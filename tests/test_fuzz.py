@@ -483,12 +483,20 @@ class Survey:
     counts: Counter = field(default_factory=Counter)
     smallest: dict[str, tuple[str, str]] = field(default_factory=dict)  # key -> (module, message)
     failing: list[tuple[rg.Graph, list[Failure]]] = field(default_factory=list)
+    log: str | None = None  # appended to as each example ends, so a cut-off run still tells
 
     def record(self, graph: rg.Graph, program: rg.Program, failures: list[Failure]) -> None:
         self.examples += 1
         text = rg.emit(program)
         if failures:
             self.failing.append((graph, failures))
+            self.write_log("".join(f"# [{x.key}] {x.message}\n" for x in failures)
+                           + f"{graph!r}\n--- module\n{text}\n\n")
+
+    def write_log(self, text: str) -> None:
+        if self.log:
+            with open(self.log, "a") as f:
+                f.write(text)
         for key in dict.fromkeys(f.key for f in failures):
             self.counts[key] += 1
             message = "\n".join(f.message for f in failures if f.key == key)
@@ -539,8 +547,10 @@ def main(argv: list[str] | None = None) -> int:
                         "(comma-separated, in a row) into every first region, e.g. residual")
     parser.add_argument("--match", default="", help="count only failures whose message contains this")
     parser.add_argument("--out", help="write the smallest module of each failure class here")
+    parser.add_argument("--log", help="append each failing example and each stratum's count to "
+                        "this file as the run goes (a long run cut off still tells what it saw)")
     args = parser.parse_args(argv)
-    survey = Survey()
+    survey = Survey(log=args.log)
     start = time.perf_counter()
     for stratum in args.strata.split(","):
         before = survey.examples
@@ -550,6 +560,8 @@ def main(argv: list[str] | None = None) -> int:
                        tuple(filter(None, args.force_steps.split(","))))
         spent = time.perf_counter() - t0
         print(f"{stratum}: {survey.examples - before} examples in {spent:.1f} s", file=sys.stderr)
+        survey.write_log(f"# stratum {stratum} seed {args.seed}: {survey.examples - before} examples "
+                         f"in {spent:.1f} s, {sum(survey.counts.values())} failures so far\n")
     elapsed = time.perf_counter() - start
     print(f"{survey.examples} examples in {elapsed:.1f} s "
           f"({elapsed / max(survey.examples, 1):.2f} s per example)")
