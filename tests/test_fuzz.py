@@ -492,16 +492,16 @@ class Survey:
             self.failing.append((graph, failures))
             self.write_log("".join(f"# [{x.key}] {x.message}\n" for x in failures)
                            + f"{graph!r}\n--- module\n{text}\n\n")
-
-    def write_log(self, text: str) -> None:
-        if self.log:
-            with open(self.log, "a") as f:
-                f.write(text)
         for key in dict.fromkeys(f.key for f in failures):
             self.counts[key] += 1
             message = "\n".join(f.message for f in failures if f.key == key)
             if key not in self.smallest or len(text) < len(self.smallest[key][0]):
                 self.smallest[key] = (text, message)
+
+    def write_log(self, text: str) -> None:
+        if self.log:
+            with open(self.log, "a") as f:
+                f.write(text)
 
 
 def survey_stratum(stratum: str, examples: int, seed: int, survey: Survey, only: str | None,
