@@ -132,6 +132,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-mutants", type=int, metavar="N",
                         help="test a random sample of N mutants (over all modules) instead of all")
     parser.add_argument("--seed", type=int, default=0, help="seed of the --max-mutants sample (default: 0)")
+    parser.add_argument("--functions", metavar="REGEX", type=re.compile,
+                        help="only mutants of functions whose name (`name` or `Class.method`) "
+                             "matches REGEX (re.search), e.g. the functions a change touched")
     parser.add_argument("--timeout", type=float, default=30.0, metavar="S",
                         help="wall seconds a mutant's tests may run beyond their clean duration "
                              "before it counts as a timeout (default: %(default)s)")
@@ -451,6 +454,15 @@ def read_results(copy: Path, modules: list[str], tested: set[str] | None, src_ro
     return results
 
 
+def function_name(mutant: str) -> str:
+    """`name` or `Class.method` of the function a mutant changes (mutmut's mangled name)."""
+    mangled = mutant.partition("__mutmut_")[0].rpartition(".")[2]
+    if mangled.startswith("xǁ"):
+        _, cls, name = mangled.split("ǁ", 2)
+        return f"{cls}.{name}"
+    return mangled[2:]
+
+
 def function_of(tree: ast.Module, mutant: str) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
     """The function a mutant changes: mutmut names it x_<function> or xǁ<class>ǁ<method>."""
     mangled = mutant.partition("__mutmut_")[0].rpartition(".")[2]
@@ -619,13 +631,19 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copytree(SUPPORT, root / "support", ignore=shutil.ignore_patterns("__pycache__"))
         (root / "hits").mkdir()
         names = mutant_names(copy, modules)
+        if args.functions is not None:
+            names = {m: [n for n in ns if args.functions.search(function_name(n))]
+                     for m, ns in names.items()}
         every = [n for module in modules for n in names[module]]
+        if not every:
+            raise Failure(f"no mutant is in a function matching {args.functions.pattern!r}"
+                          if args.functions else "no mutants in these modules")
         print(f"mutation: {len(modules)} module(s), {len(every)} mutants, copy in {root}", flush=True)
         if args.list:
             for module in modules:
                 print(f"  {len(names[module]):5d}  {to_repo(module, src_root)}")
             return 0
-        sample = None
+        sample = every if args.functions is not None else None
         if args.max_mutants is not None and args.max_mutants < len(every):
             sample = sorted(random.Random(args.seed).sample(every, args.max_mutants))
         log = args.log or root / "mutmut.log"
@@ -644,8 +662,9 @@ def main(argv: list[str] | None = None) -> int:
             + (f" `-k {args.keyword}`" if args.keyword else "")
             + (f" `{args.pytest_args}`" if args.pytest_args else "")
             + f" (BNFOLD_HYPOTHESIS_PROFILE={args.hypothesis_profile})",
-            "mutants": (f"random sample of {len(sample)} of {len(every)} (seed {args.seed})" if sample
-                        else f"all {len(every)}"),
+            "mutants": (f"random sample of {len(sample)} of {len(every)} (seed {args.seed})"
+                        if sample and len(sample) < len(every) else f"all {len(every)}")
+            + (f" in functions matching `{args.functions.pattern}`" if args.functions else ""),
             "limits": f"{args.jobs} job(s); a mutant's tests get their clean duration + {args.timeout:g} s",
         }
         text = report(results, run, info)
