@@ -307,6 +307,59 @@ def test_high_bias_that_would_overflow_f16_is_refused_and_undone():
     assert absorbed.serialize().decode() == plain
 
 
+def _conv_nhwc(x, k, padding: str):
+    import jax
+    return jax.lax.conv_general_dilated(x, k, (1, 1), padding,
+                                        dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+def test_high_bias_absorbs_both_links_of_a_triplet_whose_middle_layer_zero_pads():
+    """conv 1x1 -> bn -> relu -> conv 3x3 SAME -> bn -> relu -> conv 1x1 (a MobileNet
+    block's shape). Link 1's shift reaches the padded layer 2 as a border correction
+    that merges with layer 2's bias; taken first, it left link 2 a bias that varies over
+    positions, refused as "not per channel" (the breaker run). Both links absorb now, and
+    the function is kept on inputs whose pre-activations stay within 3 sigma (the
+    statistics are drawn from these inputs' own activations)."""
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(11)
+    x = rng.normal(0, 1, (2, 6, 6, 4)).astype(np.float32)
+    kernels = [rng.normal(0, s, shape).astype(np.float32)
+               for s, shape in ((0.5, (1, 1, 4, 4)), (0.3, (3, 3, 4, 4)), (0.5, (1, 1, 4, 3)))]
+    params = []
+
+    def bn(z, p):
+        return (z - p["mean"]) * jax.lax.rsqrt(p["var"]) * p["gamma"] + p["beta"]
+
+    def observed(z) -> dict[str, np.ndarray]:
+        """Statistics under which every value of z lies within 2.9 sigma of the mean."""
+        z = np.asarray(z, np.float64)
+        mean = z.mean(axis=(0, 1, 2))
+        sd = np.maximum(z.std(axis=(0, 1, 2)), np.abs(z - mean).max(axis=(0, 1, 2)) / 2.9)
+        return {"mean": mean.astype(np.float32), "var": (sd ** 2).astype(np.float32),
+                "gamma": rng.uniform(0.4, 0.6, 4).astype(np.float32),
+                "beta": rng.uniform(3.0, 4.0, 4).astype(np.float32)}
+
+    z1 = _conv_nhwc(x, kernels[0], "VALID")
+    params.append(observed(z1))
+    z2 = _conv_nhwc(jax.nn.relu(bn(z1, params[0])), kernels[1], "SAME")
+    params.append(observed(z2))
+
+    def f(x):
+        a1 = jax.nn.relu(bn(_conv_nhwc(x, kernels[0], "VALID"), params[0]))
+        a2 = jax.nn.relu(bn(_conv_nhwc(a1, kernels[1], "SAME"), params[1]))
+        return _conv_nhwc(a2, kernels[2], "VALID")
+
+    text = jax.jit(f).lower(jnp.asarray(x)).as_text()
+    absorbed = equalize(text, absorb_high_bias=True)
+    [eq] = absorbed.report.equalized
+    assert [r["link"] for r in eq.high_bias] == [0, 1]
+    assert all(r["absorbed"] for r in eq.high_bias), eq.high_bias
+    assert "corrected exactly" in eq.high_bias[0]["exact"]
+    assert relative_error(text, absorbed.serialize().decode(), inputs=[x]) < 1e-5
+
+
 def test_high_bias_refusals_are_reported():
     report = equalize((MODELS / "keras_mobilenetv2_nhwc.mlir").read_text(),
                       absorb_high_bias=True).report

@@ -382,15 +382,28 @@ def _record(p: Plan) -> dict[str, Any]:
             "estimated_output_change": p.estimate, "exact": exact}
 
 
+def _note(record: Equalized, entry: dict[str, Any]) -> None:
+    """The set's report entry lists its links in data-flow order (they run last first)."""
+    record.high_bias.append(entry)
+    record.high_bias.sort(key=lambda e: e["link"])
+
+
 class AbsorbHighBias(Pattern[Link, Roles, Plan]):
-    """High-bias absorption on every link of every equalized set, in data-flow order."""
+    """High-bias absorption on every link of every equalized set, the last link first.
+
+    The links are independent (each restores layer 2's pre-activation), but not their
+    regions: where layer 2 zero-pads, a link's shift reaches layer 2's output as a
+    border correction that varies over positions and merges with layer 2's bias, which
+    is the next link's bias role. Taken last link first, that bias is still the per-channel
+    constant the next link needs (a conv -> depthwise 3x3 -> conv triplet absorbs on
+    both links, not only the first)."""
 
     NAME = NAME
     STAGE = Stage.QUANTIZE
 
     def roots(self, ctx: Context) -> Iterable[Link]:
         for record, layers in ctx.ledger.equalized_sets:
-            for index in range(len(layers) - 1):
+            for index in reversed(range(len(layers) - 1)):
                 first, second = (ctx.rewriter.current(op) for op in layers[index:index + 2])
                 yield Link(record, index, first, second)
 
@@ -402,14 +415,14 @@ class AbsorbHighBias(Pattern[Link, Roles, Plan]):
 
     def refuse(self, ctx: Context, subject: Link | Roles, refusal: Refusal) -> None:
         link = subject.link if isinstance(subject, Roles) else subject
-        link.record.high_bias.append({"link": link.index, "absorbed": False,
-                                      "reason": refusal.message, "code": refusal.code.value})
+        _note(link.record, {"link": link.index, "absorbed": False,
+                            "reason": refusal.message, "code": refusal.code.value})
 
     def apply(self, rewriter: Rewriter, plan: Plan) -> ir.Operation:
         return build(rewriter, plan)
 
     def record(self, ctx: Context, plan: Plan, applied: ir.Operation) -> None:
-        plan.roles.link.record.high_bias.append(_record(plan))
+        _note(plan.roles.link.record, _record(plan))
         ledger = ctx.ledger
         first, second = plan.roles.link.first, applied
         if (stats := ledger.statistics(first)) is not None:
