@@ -264,6 +264,26 @@ def test_a_helper_after_a_scaled_layer_is_inlined_in_the_first_run():
         1.5 * numerics.relative_error(original, reference) + 2.0 ** -10
 
 
+def test_a_jit_block_of_jitted_layers_is_inlined_through_both_levels_and_folds():
+    """@main passes constants to @block, which passes them on to @layer (conv + batch
+    norm): the convolution's kernel is constant only at the outer call site. (The second
+    breaker run: nothing folded, and the report told the user to bind @layer's arguments
+    with --bind-params, which cannot help.)"""
+    layer = jax.jit(lambda x, p: jax.nn.relu(_bn(_conv(x, p["k"]), p)))
+    block = jax.jit(lambda x, p, q: layer(layer(x, p), q))
+    params = [_layer(8) for _ in range(4)]
+
+    def f(x):
+        return block(block(x, params[0], params[1]), params[2], params[3])
+    x = RNG.normal(size=(2, 6, 6, 8)).astype(np.float32)
+    text = jax.jit(f).lower(x).as_text()
+    assert text.count("func.func private") >= 2  # the two levels really are functions
+    folded, report = support.fold(text)
+    assert len(report.folds) == 4 and not report.skipped, report.dumps()
+    assert _no_norm_ops(folded)
+    numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(f(x))])
+
+
 def test_a_helper_with_a_non_constant_kernel_is_not_inlined():
     def f(x, k):
         return _bn(_jit_conv(x, k), PARAMS[0])

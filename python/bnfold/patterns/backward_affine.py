@@ -43,7 +43,7 @@ from bnfold.graph import carry_attributes, defining_op
 from bnfold.ir import ir
 from bnfold.ledger import Statistics
 from bnfold.patterns.base import Pattern, Stage
-from bnfold.patterns.inline_calls import CallSite, behind_calls
+from bnfold.patterns.inline_calls import CallSite, behind_calls, ops_within
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, fold_record, plan_kernel
 from bnfold.quant import statistics
 from bnfold.refusal import Code, Refusal
@@ -389,11 +389,9 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
             return True
         if not (ctx.body_ops(callee) & {*producers.NAMES, "func.call"}):
             return False  # an activation helper: nothing to fold inside or behind it
-        body = [op.operation for op in callee.regions[0].blocks[0].operations]
-        arguments = site.arguments
-        for op in body:
+        for op, inner in ops_within(site):  # a nested jit block: @block calls @layer
             if producers.is_producer(op) and any(
-                    operand in arguments and site.is_constant(operand, analysis)
+                    operand in inner.arguments and inner.is_constant(operand, analysis)
                     for operand in op.operands):
                 return True
         for index, result in enumerate(call.results):

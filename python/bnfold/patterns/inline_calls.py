@@ -19,7 +19,8 @@ After (then folded as usual):
 A call is inlined only where a later enabled pattern says it needs to see
 through it (`Pattern.wants_inline`): backward-affine when the helper returns a
 producer result (through nested helpers too) that the caller normalizes, a
-producer inside takes a constant kernel from this call site, or the helper
+producer inside (or inside a helper it calls: a jit block of jitted layers) takes a
+constant kernel from this call site, or the helper
 normalizes a producer result the caller passes it (a jitted batch norm called
 after each layer, `@bn(%y, %gamma, %beta)`); forward-affine
 when it pads a normalized input for a convolution; equalize when it sits
@@ -32,7 +33,7 @@ functions (`--skip-func`) and other calls are untouched.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -144,6 +145,23 @@ def behind_calls(value: ir.Value, site: CallSite) -> tuple[ir.Value, CallSite]:
         site = CallSite(owner, inner, site)
         value = site.returned(next(i for i, r in enumerate(owner.results) if r == value))
     return value, site
+
+
+def ops_within(site: CallSite, depth: int = MAX_ROUNDS) -> Iterator[tuple[ir.Operation, CallSite]]:
+    """Every op of the helper's body and, through nested private helpers (`depth` levels),
+    of theirs, each with the call site that sees it: `@block(%k1, %k2)` calling
+    `@layer(%x, %k)`, whose convolution reads a kernel constant at the outer site."""
+    block = single_block(site.callee)
+    if block is None:
+        return
+    for op in block.operations:
+        op = op.operation
+        yield op, site
+        if op.name != "func.call" or depth <= 1:
+            continue
+        inner = graph.callee(op)
+        if inner is not None and is_private(inner) and inner != site.callee:
+            yield from ops_within(CallSite(op, inner, site), depth - 1)
 
 
 def inline(rewriter: Rewriter, call: ir.Operation, func: ir.Operation) -> None:
