@@ -122,3 +122,50 @@ def test_staging_never_reuses_an_existing_file(tmp_path, monkeypatch):
     assert (tmp_path / "out.txt").read_bytes() == b"new"
     assert taken.read_text() == "someone else's"
     assert leftovers(tmp_path) == [taken.name]
+
+
+def run_into(log: Path, *args: object, stream: str = "stdout") -> subprocess.CompletedProcess:
+    """The CLI with its standard output (or error) appended to `log`, as `>> log` does."""
+    with open(log, "ab") as f:
+        return subprocess.run([sys.executable, "-m", "bnfold", "-q", *map(str, args)],
+                              timeout=120, **{stream: f},
+                              **({"stderr": subprocess.PIPE} if stream == "stdout" else
+                                 {"stdout": subprocess.PIPE}))
+
+
+@pytest.mark.parametrize("name", ["/dev/stdout", "/proc/self/fd/1", "link"])
+def test_output_to_dev_stdout_appends_to_the_log_behind_it(tmp_path, name):
+    """`bnfold-opt m.mlir -o /dev/stdout >> log`: the output goes through the open
+    descriptor, after what the log held. (The second breaker run: the path led to the
+    log file, which was replaced by the module alone.)"""
+    log = tmp_path / "log.txt"
+    log.write_text("an earlier line\n")
+    if name == "link":
+        name = str(tmp_path / "out.mlir")
+        os.symlink("/dev/stdout", name)
+    proc = run_into(log, CONV_BN, "-o", name)
+    assert proc.returncode == 0, proc.stderr
+    text = log.read_text()
+    assert text.startswith("an earlier line\nmodule") and "stablehlo.convolution" in text
+    assert leftovers(tmp_path) == []
+
+
+def test_report_to_dev_stderr_appends_to_the_log_behind_it(tmp_path):
+    log = tmp_path / "err.log"
+    log.write_text("an earlier line\n")
+    proc = run_into(log, CONV_BN, "-o", tmp_path / "out.mlir", "--report", "/dev/stderr",
+                    stream="stderr")
+    assert proc.returncode == 0
+    text = log.read_text()
+    assert text.startswith("an earlier line\n{") and '"folds"' in text
+
+
+def test_dev_stdout_and_dash_are_one_output(tmp_path):
+    proc = run(CONV_BN, "-o", "/dev/stdout", "--report", "-")
+    assert proc.returncode == 1 and b"both write to standard output" in proc.stderr
+    assert proc.stdout == b""
+
+
+def test_a_closed_descriptor_is_a_clean_error(tmp_path):
+    proc = run(CONV_BN, "-o", "/dev/fd/9")
+    assert proc.returncode == 1 and b"cannot write '/dev/fd/9' (-o)" in proc.stderr

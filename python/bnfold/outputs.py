@@ -7,6 +7,11 @@
 
 Rules:
 - `-` is standard output (at most one output may use it).
+- A path that names one of this process's open descriptors (`/dev/stdout`,
+  `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`, or a symlink to one) is
+  written through that descriptor, as `-` is: reopening it would truncate
+  the file behind it (`-o /dev/stdout >> log` would empty the log) or, staged
+  and renamed, replace it.
 - A regular file or a missing path is written to a temporary file in the
   directory of its real (symlink-resolved) path, then renamed over it: a
   symlink stays a symlink and its target is replaced; an existing file keeps
@@ -23,6 +28,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import stat
 import sys
 from collections.abc import Callable
@@ -63,8 +69,8 @@ class Outputs:
         """Raises BnfoldError for a directory, or two outputs naming one file or stdout."""
         seen: dict[str, str] = {}
         for out in self._items:
-            if out.path == STDOUT:
-                key = STDOUT
+            if (fd := _descriptor(out.path)) is not None:
+                key = STDOUT if fd == 1 else f"descriptor {fd}"
             else:
                 out.real = os.path.realpath(out.path)
                 if os.path.isdir(out.path):
@@ -72,25 +78,25 @@ class Outputs:
                                       f"directory")
                 key = out.real
             if key in seen:
-                what = "standard output" if key == STDOUT else f"the same file '{out.path}'"
+                what = "standard output" if key == STDOUT else key if key.startswith(
+                    "descriptor") else f"the same file '{out.path}'"
                 raise BnfoldError(f"{seen[key]} and {out.flag} would both write to {what}; "
                                   f"give one of them another path")
             seen[key] = out.flag
 
     def write_all(self) -> None:
         self.check()
-        staged = [o for o in self._items if o.path != STDOUT and _is_regular_or_missing(o.path)]
-        direct = [o for o in self._items if o.path != STDOUT and o not in staged]
-        stdout = [o for o in self._items if o.path == STDOUT]
+        descriptors = [o for o in self._items if _descriptor(o.path) is not None]
+        staged = [o for o in self._items
+                  if o not in descriptors and _is_regular_or_missing(o.path)]
+        direct = [o for o in self._items if o not in descriptors and o not in staged]
         try:
             for out in staged:
                 _stage(out)
             for out in direct:
                 _write_direct(out)
-            for out in stdout:
-                data = _bytes(out.data)
-                sys.stdout.buffer.write(data)
-                sys.stdout.buffer.flush()
+            for out in descriptors:
+                _write_descriptor(out)
             for out in staged:
                 assert out.tmp is not None
                 os.replace(out.tmp, out.real)
@@ -106,6 +112,55 @@ def write_file(path: str, data: Data, flag: str = "output") -> None:
     outputs = Outputs()
     outputs.add(flag, path, data)
     outputs.write_all()
+
+
+# A descriptor of this process as procfs names it (what /dev/stdout and /dev/fd/N lead to).
+_PROC_FD = re.compile(r"/proc/(self|thread-self|\d+)(?:/task/\d+)?/fd/(\d+)")
+_MAX_LINKS = 40  # as the kernel's own limit on symlinks in a path
+
+
+def _descriptor(path: str) -> int | None:
+    """The open descriptor of this process that `path` names (`-` is 1), or None.
+
+    Follows symlinks one at a time, resolving only the directories on the way
+    (`/dev/fd` is a symlink to `/proc/self/fd`): the last link of `/proc/self/fd/1`
+    leads to whatever the descriptor has open (a log file appended to), which
+    is not where to write."""
+    if path == STDOUT:
+        return 1
+    current = os.path.abspath(path)
+    for _ in range(_MAX_LINKS):
+        head, tail = os.path.split(current)
+        head = os.path.realpath(head)
+        current = os.path.join(head, tail)
+        found = _PROC_FD.fullmatch(current)
+        if found is not None:
+            owner = found.group(1)
+            own = owner in ("self", "thread-self") or int(owner) == os.getpid()
+            return int(found.group(2)) if own else None
+        if not os.path.islink(current):
+            return None
+        current = os.path.abspath(os.path.join(head, os.readlink(current)))
+    return None
+
+
+def _write_descriptor(out: _Output) -> None:
+    """Writes through the open descriptor itself (its offset, its O_APPEND); standard
+    output through sys.stdout, as `-` always did (a caller may have replaced it)."""
+    fd = _descriptor(out.path)
+    assert fd is not None
+    if fd == 1:
+        sys.stdout.flush()
+        sys.stdout.buffer.write(_bytes(out.data))
+        sys.stdout.buffer.flush()
+        return
+    if fd == 2:
+        sys.stderr.flush()
+    try:
+        with os.fdopen(os.dup(fd), "wb") as f:
+            _emit(out.data, f)
+    except OSError as e:
+        raise BnfoldError(f"cannot write '{out.path}' ({out.flag}): {e.strerror}") from None
 
 
 def _is_regular_or_missing(path: str) -> bool:
