@@ -111,14 +111,29 @@ def quantized_kernels(text: str) -> list[tuple[np.ndarray, np.ndarray, str]]:
     return found
 
 
+def next_up(value: float, dtype: np.dtype) -> float:
+    """The smallest value of `dtype` above `value`: from the sorted table of every 16-bit
+    value (f16, bf16), else numpy's nextafter in the type."""
+    dtype = np.dtype(dtype)
+    if dtype.itemsize == 2:
+        with np.errstate(invalid="ignore"):  # bf16's NaN patterns
+            table = np.sort(np.arange(2 ** 16, dtype=np.uint16).view(dtype).astype(np.float64))
+        table = table[np.isfinite(table)]
+        return float(table[np.searchsorted(table, value, side="right")])
+    return float(np.nextafter(dtype.type(value), dtype.type(np.inf)))
+
+
 def reference(kernel: np.ndarray, bits: int, axis: int | None, dtype: np.dtype
               ) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric quantization as the README states it: scale = max|W| / (2^(b-1) - 1) rounded
-    to the weight's type (1 for an all-zero channel), q = round half to even, clipped."""
+    to the weight's type (1 for an all-zero channel; the next value up where the largest
+    weight would land more than half a step past qmax), q = round half to even, clipped."""
     qmax = 2 ** (bits - 1) - 1
     others = tuple(d for d in range(kernel.ndim) if d != axis)
     top = np.max(np.abs(kernel), axis=others) if axis is not None else np.max(np.abs(kernel))
-    scale = np.where(top > 0, top / qmax, 1.0).astype(dtype).astype(np.float64)
+    stored = np.asarray(np.where(top > 0, top / qmax, 1.0)).astype(dtype).astype(np.float64)
+    bumped = np.array([next_up(v, dtype) for v in stored.reshape(-1)]).reshape(stored.shape)
+    scale = np.where(top / stored > qmax + 0.5, bumped, stored)
     shape = [1] * kernel.ndim
     if axis is not None:
         shape[axis] = -1
@@ -225,6 +240,65 @@ func.func @main(%x: tensor<1x4x4x2x{element}>) -> tensor<1x4x4x2x{element}> {{
         assert not report.quantized
         (skip,) = report.not_quantized
         assert skip.code == "precision" and "not exact" in skip.reason
+
+
+SMALL_F16 = """
+func.func @main(%x: tensor<1x4x4x16x{t}>) -> tensor<1x4x4x4x{t}> {{
+  %k = stablehlo.constant {k} : tensor<1x1x16x4x{t}>
+  %y = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<1x4x4x16x{t}>, tensor<1x1x16x4x{t}>) -> tensor<1x4x4x4x{t}>
+  return %y : tensor<1x4x4x4x{t}>
+}}
+"""
+
+
+@pytest.mark.parametrize("element, bits, tops", [
+    ("f16", 10, [5.151e-6 * 511, 0.5, 0.01, 1.0]),  # a scale among f16's subnormals
+    ("f16", 8, [2e-4, 0.3, 1.0, 0.004]),
+    ("f16", 12, [0.9999, 0.7, 0.123, 1.5]),
+    ("bf16", 9, [0.7, 0.33, 1.7, 0.013]),
+])
+def test_no_integer_is_more_than_half_a_step_off(element, bits, tops):
+    """Where the scale rounds down in the weight's type, the largest weight lands more than
+    half a step past qmax and was clipped: f16 int10 with a subnormal scale was 2.5 steps
+    off (breaker run 2). Judged from the module's own integers and scales against the
+    float weights, and on XLA against the numpy fake quantization."""
+    dtype = np.dtype(np.float16) if element == "f16" else elements.bfloat16()
+    rng = np.random.default_rng(bits)
+    kernel = rng.uniform(-1, 1, (1, 1, 16, 4))
+    kernel = (kernel / np.abs(kernel).max(axis=(0, 1, 2)) * np.asarray(tops)).astype(dtype)
+    kernel = kernel.astype(np.float64)
+    text = SMALL_F16.format(t=element, k=_dense(kernel))
+    out = bnfold.fold_source(text, options=options(quantize_weights=f"int{bits}",
+                                                   quantize_granularity="per-channel"))
+    assert len(out.report.quantized) == 1, out.report.table()
+    [(q, scale, _)] = quantized_kernels(out.serialize().decode())
+    scale = np.asarray(scale, np.float64).reshape(1, 1, 1, -1)
+    qmax = 2 ** (bits - 1) - 1
+    assert np.abs(q).max() <= qmax
+    assert np.all(np.abs(q * scale - kernel) <= scale / 2), np.abs(q * scale - kernel).max()
+    expected_q, expected_scale = reference(kernel, bits, 3, dtype)
+    np.testing.assert_array_equal(q, expected_q)
+    np.testing.assert_array_equal(scale.reshape(-1), expected_scale)
+    fake = (expected_q.astype(dtype) * expected_scale.reshape(1, 1, 1, -1).astype(dtype))
+    xs = [rng.normal(0, 1, (1, 4, 4, 16)).astype(dtype)]
+    expected = numerics.run_xla(with_kernels(text, [fake.astype(np.float64)]), xs)
+    np.testing.assert_array_equal(numerics.run_xla(out.serialize().decode(), xs)[0], expected[0])
+
+
+def test_a_scale_that_would_be_flushed_to_zero_is_refused():
+    """An f32 channel of weights ~1e-37: its scale is subnormal in f32, which XLA CPU
+    flushes to zero (the channel's output became exactly 0)."""
+    kernel = np.random.default_rng(0).uniform(-1, 1, (1, 1, 16, 4)).astype(np.float32)
+    kernel[..., 2] *= 1e-37
+    text = SMALL_F16.format(t="f32", k=_dense(kernel.astype(np.float64)))
+    out = bnfold.fold_source(text, options=options(quantize_weights="int8",
+                                                   quantize_granularity="per-channel"))
+    assert not out.report.quantized
+    [skip] = out.report.not_quantized
+    assert skip.code == "precision" and "smallest normal" in skip.reason, skip.reason
+    xs = [np.random.default_rng(1).normal(0, 1, (1, 4, 4, 16)).astype(np.float32)]
+    np.testing.assert_array_equal(numerics.run_xla(out.serialize().decode(), xs)[0],
+                                  numerics.run_xla(text, xs)[0])
 
 
 # --- bias correction: E[(W_q - W) x] ---------------------------------------------------------------

@@ -154,8 +154,8 @@ def ops_within(site: CallSite, depth: int = MAX_ROUNDS) -> Iterator[tuple[ir.Ope
     block = single_block(site.callee)
     if block is None:
         return
-    for op in block.operations:
-        op = op.operation
+    for view in block.operations:
+        op = view.operation
         yield op, site
         if op.name != "func.call" or depth <= 1:
             continue

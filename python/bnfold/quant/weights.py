@@ -2,7 +2,8 @@
 
 Symmetric quantization, one scale per tensor (the default: what equalization
 serves) or per output channel: `scale = max|W| / qmax` with `qmax =
-2^(bits-1) - 1`, rounded once to the weight's float type, and `q =
+2^(bits-1) - 1`, rounded once to the weight's float type (up, where rounding
+down would clip the largest weight by more than half a step), and `q =
 round_half_even(W / scale)` in [-qmax, qmax], stored as `i4`, `i8` or `i16`
 and dequantized in the graph, so XLA, IREE and every StableHLO consumer run
 the module as it is (QDQ). Before:
@@ -127,11 +128,25 @@ def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None
     others = tuple(d for d in range(values.ndim) if d != axis)
     top = np.max(np.abs(values), axis=others) if axis is not None else np.max(np.abs(values))
     with np.errstate(all="ignore"):
-        stored = np.where(top > 0, top / qmax, 1.0).astype(dtype)  # a zero channel: scale 1
+        stored = np.asarray(np.where(top > 0, top / qmax, 1.0)).astype(dtype)  # zero channel: 1
+        # A scale that rounded down would put the largest weight past qmax + 1/2, where
+        # it is clipped (bf16 int9: up to a whole step off): take the next value up.
+        low = top / stored.astype(np.float64) > qmax + 0.5
+        stored = np.where(low, _next_up(stored), stored)
         scale = stored.astype(np.float64)
     if np.any(scale == 0) or not np.all(np.isfinite(scale)):
         return Refusal(Code.PRECISION, f"precision: a scale max|W| / {qmax} underflows "
                                        f"{precision.type_name(dtype)}")
+    # CPUs compute f16 and bf16 in f32, and flush what is subnormal there to zero (XLA
+    # CPU does: the channel's output would be 0). An f16 subnormal is normal in f32.
+    compute = np.dtype(np.float64 if np.dtype(dtype).itemsize == 8 else np.float32)
+    tiny = precision.smallest_normal(compute)
+    if np.any(scale < tiny):
+        return Refusal(Code.PRECISION,
+                       f"precision: a scale max|W| / {qmax} = {float(np.min(scale)):.3g} is below "
+                       f"{precision.type_name(compute)}'s smallest normal number {tiny:.3g}, "
+                       "which compilers flush to zero (XLA CPU does: the channel's output would "
+                       "be 0). Keep this layer in float, or scale its weights up first")
     shape = [1] * values.ndim
     if axis is not None:
         shape[axis] = -1
@@ -140,6 +155,13 @@ def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None
     dequantized = (q.astype(dtype) * stored.reshape(shape)).astype(np.float64)
     return Weights(q.astype(np.int8 if bits <= 8 else np.int16), scale, dequantized,
                    storage_type(bits), axis)
+
+
+def _next_up(values: np.ndarray) -> np.ndarray:
+    """The next representable value above each positive finite value, in its own float
+    type (bfloat16 too: one more in the bit pattern)."""
+    bits = values.view(np.dtype(f"u{values.dtype.itemsize}"))
+    return (bits + 1).view(values.dtype)
 
 
 def sqnr_db(values: np.ndarray, dequantized: np.ndarray) -> float:
