@@ -148,6 +148,18 @@ def test_fold_without_binding_folds_closed_over_params():
     support.numerics.check_close([np.asarray(folded.call(x))], [np.asarray(exported.call(x))], "f32")
 
 
+def test_fold_exported_without_params_binds_nothing():
+    """The plain call on an export whose weights are constants (breaker run 2: the default
+    argnums=0 tried to bind the input to None, 'the pytree does not match')."""
+    fn, params, x, _ = MODELS["conv_bn_nchw"]
+    exported = jax.export.export(jax.jit(lambda v: fn(params, v)))(x)
+    folded, report = fold_exported(exported)
+    assert len(report.folds) == 1
+    support.numerics.check_close([np.asarray(folded.call(x))], [np.asarray(exported.call(x))], "f32")
+    with pytest.raises(ValueError, match=r"argnums=1 names arguments to bind, but no params"):
+        fold_exported(exported, argnums=1)
+
+
 def test_fold_function_convenience():
     fn, params, x, _ = MODELS["residual_block"]
     folded = fold_function(fn, params, x)

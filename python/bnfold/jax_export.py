@@ -30,18 +30,26 @@ from bnfold.report import Report
 __all__ = ["fold_exported", "fold_function", "FoldedFunction"]
 
 
-def fold_exported(exported: Any, params: Any = None, *, argnums: int | Sequence[int] = 0,
+def fold_exported(exported: Any, params: Any = None, *,
+                  argnums: int | Sequence[int] | None = None,
                   options: FoldOptions | None = None) -> tuple[Any, Report]:
     """Binds positional arguments `argnums` to `params` and folds the module.
 
-    `params` is the pytree passed as argument `argnums` at export time (a
-    tuple of pytrees when `argnums` is a sequence). Pass `argnums=()` to fold
-    without binding. Returns the new `Exported` and the fold report.
+    `params` is the pytree passed as argument `argnums` (default 0) at export
+    time (a tuple of pytrees when `argnums` is a sequence). Without `params`
+    nothing is bound (an export whose weights are constants already; the same
+    as `argnums=()`). Returns the new `Exported` and the fold report.
     Raises `BnfoldError` (a ValueError) listing every mismatched pytree path,
     shape or dtype.
     """
     from jax import tree_util
 
+    if params is None and argnums not in (None, ()):
+        raise BnfoldError(f"argnums={argnums!r} names arguments to bind, but no params were "
+                          "given: pass the pytree(s) to bind, or leave argnums out to fold "
+                          "without binding")
+    if argnums is None:
+        argnums = 0 if params is not None else ()
     nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
     values = (params,) if isinstance(argnums, int) else tuple(params or ())
     if len(values) != len(nums):
