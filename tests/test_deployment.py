@@ -284,6 +284,48 @@ def test_a_jit_block_of_jitted_layers_is_inlined_through_both_levels_and_folds()
     numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(f(x))])
 
 
+def test_a_helper_that_returns_its_own_layer_is_inlined_for_the_callers_batch_norm():
+    """@conv(%x) holds the kernel as its own constant and returns the convolution; the
+    caller normalizes the result: inlined (through the returned value) and folded."""
+    kernel = PARAMS[0]["k"]
+    conv = jax.jit(lambda x: _conv(x, kernel))
+
+    def f(x):
+        return _bn(conv(x), PARAMS[0])
+    x = RNG.normal(size=(2, 8, 8, 3)).astype(np.float32)
+    text = jax.jit(f).lower(x).as_text()
+    assert "func.func private" in text
+    folded, report = support.fold(text)
+    assert len(report.folds) == 1 and len(report.inlined) == 1, report.dumps()
+    numerics.check_close(numerics.run_xla(folded, [x]), [np.asarray(f(x))])
+
+
+MUTUALLY_RECURSIVE = """
+func.func private @a(%x: tensor<2x3xf32>, %k: tensor<3x4xf32>) -> tensor<2x4xf32> {
+  %y = func.call @b(%x, %k) : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+  return %y : tensor<2x4xf32>
+}
+func.func private @b(%x: tensor<2x3xf32>, %k: tensor<3x4xf32>) -> tensor<2x4xf32> {
+  %y = func.call @a(%x, %k) : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+  return %y : tensor<2x4xf32>
+}
+func.func @main(%x: tensor<2x3xf32>) -> tensor<2x4xf32> {
+  %k = stablehlo.constant dense<1.0> : tensor<3x4xf32>
+  %y = func.call @a(%x, %k) : (tensor<2x3xf32>, tensor<3x4xf32>) -> tensor<2x4xf32>
+  %s = stablehlo.constant dense<2.0> : tensor<2x4xf32>
+  %o = stablehlo.multiply %y, %s : tensor<2x4xf32>
+  return %o : tensor<2x4xf32>
+}
+"""
+
+
+def test_mutually_recursive_helpers_are_no_internal_error():
+    """Valid IR, if never run: the look through nested helpers is bounded."""
+    out = bnfold.fold_source(MUTUALLY_RECURSIVE)
+    text = out.serialize().decode()
+    assert "call @a(" in text and "stablehlo.multiply" in text and not out.report.folds
+
+
 def test_a_helper_with_a_non_constant_kernel_is_not_inlined():
     def f(x, k):
         return _bn(_jit_conv(x, k), PARAMS[0])

@@ -138,6 +138,8 @@ def test_errors_list_every_offender():
         fold_exported(exported, {"conv": params["conv"]})
     with pytest.raises(ValueError, match="argnums 5 does not exist"):
         fold_exported(exported, params, argnums=5)
+    with pytest.raises(ValueError, match=r"argnums \(0, 0\) repeats an argument"):
+        fold_exported(exported, (params, params), argnums=(0, 0))
 
 
 def test_fold_without_binding_folds_closed_over_params():

@@ -240,6 +240,8 @@ func.func @main(%x: tensor<1x4x4x2x{element}>) -> tensor<1x4x4x2x{element}> {{
         assert not report.quantized
         (skip,) = report.not_quantized
         assert skip.code == "precision" and "not exact" in skip.reason
+        bits_of = {"bf16": 8, "f16": 11}[element]
+        assert f"its significand has {bits_of} bits" in skip.reason, skip.reason
 
 
 SMALL_F16 = """

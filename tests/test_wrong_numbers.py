@@ -559,3 +559,62 @@ def test_rule_6_holds_in_the_narrow_type_after_a_narrowing_convert():
     within_contract(NARROWED_THEN_SCALED, out.serialize().decode(), xs, reference)
     [skip] = out.report.skipped
     assert skip.code == "range" and "f16" in skip.reason, skip.reason
+
+
+# --- mutation survivors of rules 2 and 6 (tools/mutation.py, seed 29), each killed here -------
+
+
+def test_an_f16_scale_then_a_large_shift_folds():
+    """y * 2 + 3e4: the original computes y * 2 itself before the shift, so the folded
+    producer's result exceeds none of the original's values (rule 6's t' is 0 here, the
+    shift after the last scaling step does not count) and it folds, keeping the numbers."""
+    chain = (vector("s", [2.0] * 4) + vector("b", [30000.0] * 4)
+             + "%n = stablehlo.multiply %y, %s : tensor<4x4xf16>\n"
+             "  %o = stablehlo.add %n, %b : tensor<4x4xf16>\n  return %o : tensor<4x4xf16>")
+    weights = small_weights()
+    text = f16_dot(weights, chain)
+    out = fold(text)
+    assert len(out.report.folds) == 1 and not out.report.skipped, out.report.table()
+    xs = [np.random.default_rng(7).normal(0, 30, (4, 16)).astype(np.float16)]
+    reference = (xs[0].astype(np.float64) @ weights.astype(np.float64)) * 2 + 30000.0
+    within_contract(text, out.serialize().decode(), xs, reference)
+
+
+def test_an_f16_batch_norm_with_a_wide_spread_is_bounded_by_mean_plus_8_sigma():
+    """mean 15000, sigma 250, scale 4: the mean alone reaches 6e4, within f16's range, but
+    |s| (|mean| + 8 sigma) = 6.8e4 is past it: refused, the reason says what reaches what."""
+    out = fold(f16_dot(small_weights(), bn_chain(1000.0, 0.0, 15000.0, 62500.0)))
+    [skip] = out.report.skipped
+    assert skip.code == "range" and "8 sigma" in skip.reason and "6.8e+04" in skip.reason, \
+        skip.reason
+
+
+def test_rule_6_names_what_the_original_has_added():
+    out = fold(f16_dot(BIG_ROW, vector("m", [40000.0] * 4) + vector("s", [2.0] * 4)
+                       + "%c = stablehlo.subtract %y, %m : tensor<4x4xf16>\n"
+                       "  %o = stablehlo.multiply %c, %s : tensor<4x4xf16>\n"
+                       "  return %o : tensor<4x4xf16>"))
+    [skip] = out.report.skipped
+    assert "the original has added up to 8e+04 by the time it has scaled" in skip.reason, \
+        skip.reason
+
+
+def test_a_large_negative_f16_kernel_pushed_among_the_subnormals_is_refused():
+    """The blocked rounding path (kernels above 4096 weights) measures the largest |weight|
+    of each block from its max and min: a kernel of negative weights counts too."""
+    rng = np.random.default_rng(8)
+    weights = -rng.uniform(0.006, 0.02, (5, 5, 64, 4))
+    text = f"""
+func.func @main(%x: tensor<1x6x6x64xf16>) -> tensor<1x2x2x4xf16> {{
+  %k = stablehlo.constant dense<{np.array2string(weights.astype(np.float16).astype(np.float64),
+                                                 separator=", ", threshold=10**6,
+                                                 floatmode="unique").replace(chr(10), "")}> : tensor<5x5x64x4xf16>
+  %y = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<1x6x6x64xf16>, tensor<5x5x64x4xf16>) -> tensor<1x2x2x4xf16>
+  {vector("s", TINY).replace("4x4xf16", "1x2x2x4xf16").replace("dims = [1]", "dims = [3]")}%o = stablehlo.multiply %y, %s : tensor<1x2x2x4xf16>
+  return %o : tensor<1x2x2x4xf16>
+}}
+"""
+    assert weights.size > 4096
+    out = fold(text)
+    [skip] = out.report.skipped
+    assert skip.code == "precision" and "smallest normal" in skip.reason, skip.reason

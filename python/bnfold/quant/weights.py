@@ -134,11 +134,9 @@ def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None
         low = top / stored.astype(np.float64) > qmax + 0.5
         stored = np.where(low, _next_up(stored), stored)
         scale = stored.astype(np.float64)
-    if np.any(scale == 0) or not np.all(np.isfinite(scale)):
-        return Refusal(Code.PRECISION, f"precision: a scale max|W| / {qmax} underflows "
-                                       f"{precision.type_name(dtype)}")
-    # CPUs compute f16 and bf16 in f32, and flush what is subnormal there to zero (XLA
-    # CPU does: the channel's output would be 0). An f16 subnormal is normal in f32.
+    # Every scale is finite (max|W| is a value of the type), and one that underflowed to 0
+    # is caught here: CPUs compute f16 and bf16 in f32 and flush what is subnormal there to
+    # zero (XLA CPU does: the channel's output would be 0). An f16 subnormal is normal in f32.
     compute = np.dtype(np.float64 if np.dtype(dtype).itemsize == 8 else np.float32)
     tiny = precision.smallest_normal(compute)
     if np.any(scale < tiny):
