@@ -428,20 +428,34 @@ def test_an_f16_backward_fold_never_grows_the_result_past_its_range():
     assert skip.code == "range" and "nothing bounds" in skip.reason, skip.reason
 
 
-def test_an_f16_bias_then_scale_still_folds():
-    """(y + b) * 2 with a small bias: the original computes y * 2 + 2b itself, so the folded
-    result exceeds its values by |2b| at most, far below f16's range: it folds."""
-    chain = (vector("b", [0.5, -0.25, 1.0, 2.0]) + vector("s", [2.0, 3.0, 1.5, 4.0])
-             + "%c = stablehlo.add %y, %b : tensor<4x4xf16>\n"
-             "  %o = stablehlo.multiply %c, %s : tensor<4x4xf16>\n  return %o : tensor<4x4xf16>")
+F16_FOLDS = {
+    # (y + b) * s with a small bias: the original computes y * s + b s itself, so the
+    # folded result exceeds its values by |b s| at most, far below f16's range.
+    "bias_then_scale": (
+        vector("b", [0.5, -0.25, 1.0, 2.0]) + vector("s", [2.0, 3.0, 1.5, 4.0])
+        + "%c = stablehlo.add %y, %b : tensor<4x4xf16>\n"
+        "  %o = stablehlo.multiply %c, %s : tensor<4x4xf16>\n  return %o : tensor<4x4xf16>",
+        lambda y: (y + f16([0.5, -0.25, 1.0, 2.0])) * f16([2.0, 3.0, 1.5, 4.0])),
+    # y * 2 + 3e4: the original computes y * 2 itself before the shift (rule 6's t' is 0:
+    # a shift after the last scaling step does not count). A mutation survivor.
+    "scale_then_large_shift": (
+        vector("s", [2.0] * 4) + vector("b", [30000.0] * 4)
+        + "%n = stablehlo.multiply %y, %s : tensor<4x4xf16>\n"
+        "  %o = stablehlo.add %n, %b : tensor<4x4xf16>\n  return %o : tensor<4x4xf16>",
+        lambda y: y * 2 + 30000.0),
+}
+
+
+@pytest.mark.parametrize("name", sorted(F16_FOLDS))
+def test_an_f16_chain_whose_original_grows_as_much_still_folds(name):
+    chain, expected = F16_FOLDS[name]
     weights = small_weights()
     text = f16_dot(weights, chain)
     out = fold(text)
     assert len(out.report.folds) == 1 and not out.report.skipped, out.report.table()
     xs = [np.random.default_rng(6).normal(0, 30, (4, 16)).astype(np.float16)]
-    reference = (xs[0].astype(np.float64) @ weights.astype(np.float64)
-                 + f16([0.5, -0.25, 1.0, 2.0])) * f16([2.0, 3.0, 1.5, 4.0])
-    within_contract(text, out.serialize().decode(), xs, reference)
+    within_contract(text, out.serialize().decode(), xs,
+                    expected(xs[0].astype(np.float64) @ weights.astype(np.float64)))
 
 
 def bn_chain(gamma: float, beta: float, mean: float, variance: float) -> str:
@@ -562,22 +576,6 @@ def test_rule_6_holds_in_the_narrow_type_after_a_narrowing_convert():
 
 
 # --- mutation survivors of rules 2 and 6 (tools/mutation.py, seed 29), each killed here -------
-
-
-def test_an_f16_scale_then_a_large_shift_folds():
-    """y * 2 + 3e4: the original computes y * 2 itself before the shift, so the folded
-    producer's result exceeds none of the original's values (rule 6's t' is 0 here, the
-    shift after the last scaling step does not count) and it folds, keeping the numbers."""
-    chain = (vector("s", [2.0] * 4) + vector("b", [30000.0] * 4)
-             + "%n = stablehlo.multiply %y, %s : tensor<4x4xf16>\n"
-             "  %o = stablehlo.add %n, %b : tensor<4x4xf16>\n  return %o : tensor<4x4xf16>")
-    weights = small_weights()
-    text = f16_dot(weights, chain)
-    out = fold(text)
-    assert len(out.report.folds) == 1 and not out.report.skipped, out.report.table()
-    xs = [np.random.default_rng(7).normal(0, 30, (4, 16)).astype(np.float16)]
-    reference = (xs[0].astype(np.float64) @ weights.astype(np.float64)) * 2 + 30000.0
-    within_contract(text, out.serialize().decode(), xs, reference)
 
 
 def test_an_f16_batch_norm_with_a_wide_spread_is_bounded_by_mean_plus_8_sigma():
