@@ -104,6 +104,41 @@ func.func private @conv(%a: tensor<1x3x3x2xf32>, %w: tensor<1x1x2x2xf32>) -> ten
 
 // -----
 
+// A jit block of jitted layers, each layer a convolution and its batch norm:
+// the kernel and statistics are constant only at the outer call site
+// (@jit_block -> @block -> @layer); both levels are inlined, then folded.
+// CHECK-LABEL: @jit_block
+// CHECK-SAME:    (%[[X:.+]]: tensor<1x3x3x2xf32>)
+// CHECK-NEXT:    %[[K:.+]] = stablehlo.constant dense<{{\[\[\[\[}}5.000000e-01, 1.200000e+01], [1.500000e+00, 2.400000e+01]]]]>
+// CHECK-NEXT:    %[[CONV:.+]] = stablehlo.convolution(%[[X]], %[[K]]
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<[-5.000000e-01, 2.300000e+01]>
+// CHECK-NEXT:    %[[BB:.+]] = stablehlo.broadcast_in_dim %[[B]], dims = [3]
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.add %[[CONV]], %[[BB]]
+// CHECK-NEXT:    return %[[R]]
+// CHECK-NOT:     call @
+// CHECK-NOT:     @layer
+func.func @jit_block(%x: tensor<1x3x3x2xf32>) -> tensor<1x3x3x2xf32> {
+  %k = stablehlo.constant dense<[[[[1.0, 2.0], [3.0, 4.0]]]]> : tensor<1x1x2x2xf32>
+  %s = stablehlo.constant dense<[0.5, 6.0]> : tensor<2xf32>
+  %t = stablehlo.constant dense<[-0.5, 23.0]> : tensor<2xf32>
+  %y = func.call @block(%x, %k, %s, %t) : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  return %y : tensor<1x3x3x2xf32>
+}
+func.func private @block(%a: tensor<1x3x3x2xf32>, %w: tensor<1x1x2x2xf32>, %s: tensor<2xf32>, %t: tensor<2xf32>) -> tensor<1x3x3x2xf32> {
+  %c = func.call @layer(%a, %w, %s, %t) : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>, tensor<2xf32>, tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  return %c : tensor<1x3x3x2xf32>
+}
+func.func private @layer(%a: tensor<1x3x3x2xf32>, %w: tensor<1x1x2x2xf32>, %s: tensor<2xf32>, %t: tensor<2xf32>) -> tensor<1x3x3x2xf32> {
+  %c = stablehlo.convolution(%a, %w) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {stride = [1, 1], pad = [[0, 0], [0, 0]], lhs_dilate = [1, 1], rhs_dilate = [1, 1], reverse = [false, false]} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x3x3x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x3x3x2xf32>
+  %s_b = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %t_b = stablehlo.broadcast_in_dim %t, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>
+  %m = stablehlo.multiply %c, %s_b : tensor<1x3x3x2xf32>
+  %y = stablehlo.add %m, %t_b : tensor<1x3x3x2xf32>
+  return %y : tensor<1x3x3x2xf32>
+}
+
+// -----
+
 // One branch computes something else: the case result is not a producer's in
 // every branch, so nothing folds and the normalization gets a reason.
 // CHECK-LABEL: @platform_case_mixed_branches
