@@ -50,6 +50,7 @@ class _Output:
     data: Data
     real: str = ""
     tmp: str | None = None
+    fd: int | None = None  # the open descriptor the path names (`-` is 1), set by check()
 
 
 @dataclass
@@ -69,8 +70,9 @@ class Outputs:
         """Raises BnfoldError for a directory, or two outputs naming one file or stdout."""
         seen: dict[str, str] = {}
         for out in self._items:
-            if (fd := _descriptor(out.path)) is not None:
-                key = STDOUT if fd == 1 else f"descriptor {fd}"
+            out.fd = _descriptor(out.path)
+            if out.fd is not None:
+                key = STDOUT if out.fd == 1 else f"descriptor {out.fd}"
             else:
                 out.real = os.path.realpath(out.path)
                 if os.path.isdir(out.path):
@@ -78,15 +80,15 @@ class Outputs:
                                       f"directory")
                 key = out.real
             if key in seen:
-                what = "standard output" if key == STDOUT else key if key.startswith(
-                    "descriptor") else f"the same file '{out.path}'"
+                what = "standard output" if key == STDOUT else \
+                    key if out.fd is not None else f"the same file '{out.path}'"
                 raise BnfoldError(f"{seen[key]} and {out.flag} would both write to {what}; "
                                   f"give one of them another path")
             seen[key] = out.flag
 
     def write_all(self) -> None:
         self.check()
-        descriptors = [o for o in self._items if _descriptor(o.path) is not None]
+        descriptors = [o for o in self._items if o.fd is not None]
         staged = [o for o in self._items
                   if o not in descriptors and _is_regular_or_missing(o.path)]
         direct = [o for o in self._items if o not in descriptors and o not in staged]
@@ -147,7 +149,7 @@ def _descriptor(path: str) -> int | None:
 def _write_descriptor(out: _Output) -> None:
     """Writes through the open descriptor itself (its offset, its O_APPEND); standard
     output through sys.stdout, as `-` always did (a caller may have replaced it)."""
-    fd = _descriptor(out.path)
+    fd = out.fd
     assert fd is not None
     if fd == 1:
         sys.stdout.flush()

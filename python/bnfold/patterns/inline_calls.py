@@ -19,10 +19,10 @@ After (then folded as usual):
 A call is inlined only where a later enabled pattern says it needs to see
 through it (`Pattern.wants_inline`): backward-affine when the helper returns a
 producer result (through nested helpers too) that the caller normalizes, a
-producer inside (or inside a helper it calls: a jit block of jitted layers) takes a
-constant kernel from this call site, or the helper
-normalizes a producer result the caller passes it (a jitted batch norm called
-after each layer, `@bn(%y, %gamma, %beta)`); forward-affine
+producer inside (or inside a helper it calls: a jit block of jitted layers)
+takes a constant kernel from this call site, or the helper normalizes a
+producer result the caller passes it (a jitted batch norm called after each
+layer, `@bn(%y, %gamma, %beta)`); forward-affine
 when it pads a normalized input for a convolution; equalize when it sits
 between two layers (`call @relu6`). Every call site gets its own copy, so a
 helper shared by layers with different kernels is never changed under another
