@@ -507,3 +507,44 @@ def test_multi_platform_export_folds_forward_into_every_branch():
         both.dumps()
     assert not both.skipped and "stablehlo.divide" not in folded.mlir_module()
     numerics.check_close([np.asarray(folded.call(x))], [np.asarray(_classifier(x))])
+
+
+# --- lax.scan over stacked constant layers ----------------------------------------------
+
+
+def _scanned(unroll: bool) -> str:
+    """Three dense + batch-norm + ReLU layers as one lax.scan over stacked constants."""
+    rng = np.random.default_rng(11)
+    k = rng.normal(size=(3, 8, 8)).astype(np.float32)
+    mean, beta = rng.normal(size=(2, 3, 8)).astype(np.float32)
+    var, gamma = rng.uniform(0.5, 2.0, size=(2, 3, 8)).astype(np.float32)
+
+    def f(x):
+        def body(h, p):
+            y = (h @ p[0] - p[1]) * jax.lax.rsqrt(p[2] + 1e-5) * p[3] + p[4]
+            return jax.nn.relu(y), None
+        return jax.lax.scan(body, x, (k, mean, var, gamma, beta), unroll=unroll)[0]
+
+    spec = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+    return jax.export.export(jax.jit(f))(spec).mlir_module()
+
+
+def test_a_scan_over_stacked_constants_says_unroll_not_bind():
+    """The stacked weights are constants sliced per iteration in a while loop: binding
+    parameters cannot help (the module has none), unrolling does."""
+    text = _scanned(unroll=False)
+    assert "stablehlo.while" in text
+    out, report = support.fold(text, equalize=True, quantize_weights="int8")
+    assert not report.folds and not report.quantized
+    refusals = list(report.skipped) + list(report.not_quantized)
+    assert [r.code for r in refusals] == ["loop-carried", "loop-carried"], refusals
+    for r in refusals:
+        assert "unroll=True" in r.reason and "bind" not in r.reason, r.reason
+    inputs = support.inputs_for(text)
+    assert support.compare_xla(text, out, inputs) == 0.0  # nothing rewritten
+
+    unrolled = _scanned(unroll=True)
+    folded, report = support.fold(unrolled)
+    assert len(report.folds) == 3 and not report.skipped
+    assert "rsqrt" not in folded and "stablehlo.while" not in folded
+    numerics.check_close(numerics.run_xla(folded, inputs), numerics.run_xla(text, inputs))

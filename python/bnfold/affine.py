@@ -27,7 +27,7 @@ import numpy as np
 from bnfold import attributes
 from bnfold.constants import (
     Evaluator,
-    describe_argument,
+    argument_refusal,
     map_axis_through_reshape,
     parameter_argument,
     per_channel,
@@ -62,21 +62,19 @@ SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
            "stablehlo.batch_norm_inference")
 
 
-BIND_HINT = "bind parameters first (--bind-params FILE.npz, or bnfold.jax_export.fold_exported)"
-
-
 @dataclass(frozen=True)
 class Step:
     """One op of a chain and the index of its activation operand.
 
     `parameter` is set when the other operand is not a constant but a
     function argument (a parameter passed at run time): the step belongs to
-    the chain, so the report can name the argument, but it cannot fold.
+    the chain, so the report can name the argument, but it cannot fold; it
+    holds the reason (bind the parameter, or unroll the loop that passes it).
     """
 
     op: ir.Operation
     x_index: int
-    parameter: str | None = None
+    parameter: Refusal | None = None
 
     @property
     def name(self) -> str:
@@ -122,7 +120,7 @@ def as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
         argument = parameter_argument(operands[1 - x_index], evaluator)
         if argument is not None and _size(argument) < result_size and \
                 not (name == "stablehlo.divide" and x_index == 1):
-            return Step(op, x_index, describe_argument(argument))
+            return Step(op, x_index, argument_refusal(argument, f"operand {1 - x_index} of {name}"))
     return None
 
 
@@ -195,8 +193,7 @@ def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | Refusal:
     if name == "stablehlo.batch_norm_inference":
         return _apply_batch_norm(affine, op, evaluator)
     if step.parameter is not None:
-        return Refusal(Code.PARAMETER, f"operand {1 - step.x_index} of {name} is {step.parameter}, "
-                                       f"not a constant: {BIND_HINT}")
+        return step.parameter
     c = _vector(op.operands[1 - step.x_index], evaluator, affine.axis)
     if isinstance(c, Refusal):
         return c
@@ -230,8 +227,7 @@ def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) ->
         if const is None:
             argument = parameter_argument(value, evaluator)
             if argument is not None:
-                return Refusal(Code.PARAMETER, f"batch_norm_inference {name} is not constant: it "
-                                               f"is {describe_argument(argument)}; {BIND_HINT}")
+                return argument_refusal(argument, f"batch_norm_inference {name}")
             return Refusal(Code.NOT_CONSTANT, f"batch_norm_inference {name} is not constant")
         vector = per_channel(const, 0)
         if isinstance(vector, Refusal):

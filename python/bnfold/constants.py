@@ -24,7 +24,16 @@ from dataclasses import dataclass
 import numpy as np
 
 from bnfold import attributes, elements
-from bnfold.graph import as_operation, defining_op, symbol_table
+from bnfold.graph import (
+    as_operation,
+    callee_name,
+    calls,
+    defining_op,
+    functions_in,
+    is_private,
+    symbol_name,
+    symbol_table,
+)
 from bnfold.ir import ir, location_name
 from bnfold.refusal import Code, Refusal
 
@@ -464,6 +473,59 @@ def describe_argument(value: ir.Value) -> str:
     arg: ir.BlockArgument = ir.BlockArgument(value)
     name = location_name(arg.location)
     return f"function argument %arg{arg.arg_number}" + (f" ({name})" if name else "")
+
+
+BIND_HINT = "bind parameters first (--bind-params FILE.npz, or bnfold.jax_export.fold_exported)"
+UNROLL_HINT = ("bnfold rewrites no value that changes per iteration; unroll the loop "
+               "(jax.lax.scan(..., unroll=True), or a Python loop) to fold or quantize it")
+
+
+def argument_refusal(argument: ir.Value, subject: str, code: Code = Code.PARAMETER) -> Refusal:
+    """Why `subject` does not fold: it is the function argument `argument`.
+
+    An argument of the entry function is a parameter the user can bind (`code`).
+    An argument of a private function that a `stablehlo.while` body calls is a
+    per-iteration value (`lax.scan` over stacked weights slices them in the loop):
+    binding cannot help there, unrolling the loop does (`Code.LOOP`).
+    """
+    loop = _loop_caller(argument, depth=0)
+    if loop is not None:
+        return Refusal(Code.LOOP, f"{subject} is not constant: it is "
+                                  f"{describe_argument(argument)} of private function @{loop}, "
+                                  "which a stablehlo.while loop calls: "
+                                  f"{UNROLL_HINT}")
+    return Refusal(code, f"{subject} is not constant: it is {describe_argument(argument)}; {BIND_HINT}")
+
+
+def _loop_caller(argument: ir.Value, depth: int) -> str | None:
+    """The private function owning `argument` when a loop body calls it (directly, or
+    through private functions that pass the argument on); None otherwise."""
+    func = as_operation(ir.BlockArgument(argument).owner.owner)
+    if func is None or not is_private(func) or depth > 8:
+        return None
+    name = symbol_name(func)
+    module = func.parent
+    if module is None:
+        return None
+    number = ir.BlockArgument(argument).arg_number
+    for call in calls(functions_in(module.regions[0].blocks[0])):
+        if callee_name(call) != name:
+            continue
+        if _inside_loop(call):
+            return name
+        passed = call.operands[number]
+        if is_function_argument(passed) and _loop_caller(passed, depth + 1) is not None:
+            return name
+    return None
+
+
+def _inside_loop(op: ir.Operation) -> bool:
+    parent = op.parent
+    while parent is not None and parent.operation.name != "func.func":
+        if parent.operation.name == "stablehlo.while":
+            return True
+        parent = parent.parent
+    return False
 
 
 def parameter_argument(value: ir.Value, evaluator: Evaluator) -> ir.Value | None:

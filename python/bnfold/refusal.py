@@ -27,6 +27,7 @@ class Code(enum.Enum):
     PARAMETER = "parameter-argument"  # a statistic or scale is a function argument
     KERNEL_ARGUMENT = "kernel-argument"  # the producer's kernel is a function argument
     NOT_CONSTANT = "not-constant"  # another operand is computed at run time
+    LOOP = "loop-carried"  # a per-iteration value of a loop (lax.scan over stacked weights)
     # The graph around the normalization.
     NO_PRODUCER = "no-producer"  # nothing linear before (or after) it
     USERS = "users"  # a value has another live user

@@ -38,7 +38,7 @@ from bnfold import affine, elements, precision, producers
 from bnfold.affine import Affine, Composed, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import Chain, note
-from bnfold.constants import describe_argument, parameter_argument
+from bnfold.constants import argument_refusal, parameter_argument
 from bnfold.graph import carry_attributes, defining_op
 from bnfold.ir import ir
 from bnfold.ledger import Statistics
@@ -305,9 +305,8 @@ def _not_constant(which: str, axis: int, producer: ir.Operation,
     value = producer.operands[kernel_axis.operand]
     argument = parameter_argument(value, analysis.evaluator)
     if argument is not None:
-        return Refusal(Code.KERNEL_ARGUMENT,
-                       f"the {which} (which carries axis {axis}) is not constant: it is "
-                       f"{describe_argument(argument)}; {affine.BIND_HINT}")
+        return argument_refusal(argument, f"the {which} (which carries axis {axis})",
+                                Code.KERNEL_ARGUMENT)
     return Refusal(Code.NOT_CONSTANT, f"the {which} (which carries axis {axis}) is not constant")
 
 

@@ -44,6 +44,7 @@ import numpy as np
 from bnfold import elements, precision, producers
 from bnfold.analysis import Analysis
 from bnfold.attributes import batch_groups
+from bnfold.constants import argument_refusal, parameter_argument
 from bnfold.graph import function_name
 from bnfold.ir import ir, op_id
 from bnfold.laws import Edit, Interval
@@ -197,6 +198,11 @@ def output_axis(op: ir.Operation, analysis: Analysis
         if producers.is_constant(op.operands[kernel_axis.operand], analysis.evaluator):
             return axis, kernel_axis
     axis = producers.candidate_output_axes(op)[0]
+    kernel_axis = producers.output_kernel_axis(op, axis)
+    if not isinstance(kernel_axis, Refusal):
+        argument = parameter_argument(op.operands[kernel_axis.operand], analysis.evaluator)
+        if argument is not None:
+            return axis, argument_refusal(argument, "the kernel", Code.KERNEL_ARGUMENT)
     return axis, Refusal(Code.KERNEL_ARGUMENT, "kernel is not constant (bind parameters first: "
                                                "--bind-params)")
 
