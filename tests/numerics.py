@@ -208,3 +208,78 @@ def _child(request: str) -> None:
 
 if __name__ == "__main__":
     _child(sys.argv[1])
+
+
+# --- the weights a module really uses -----------------------------------------------------
+
+_PRODUCERS = ("stablehlo.convolution", "stablehlo.dot_general")
+
+
+def kernel_module(text: str) -> tuple[str, list[str]] | None:
+    """A module whose @main takes nothing and returns the kernel of every producer
+    whose kernel is computed from constants alone (a plain constant, or a quantized
+    weight's dequantization), in program order, and those producers' locations.
+
+    Run it on XLA to read back the weights the program computes with, whatever
+    arithmetic spells them (independent of bnfold's own evaluation). None when no
+    producer has a constant kernel.
+    """
+    from bnfold.ir import func, make_context  # noqa: PLC0415 - test helper
+
+    with make_context(), ir.Location.unknown():
+        source = ir.Module.parse(text)
+        slices: list[list[ir.Operation]] = []
+        where: list[str] = []
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            if op.name in _PRODUCERS:
+                for operand in (1, 0):
+                    found = _constant_slice(op.operands[operand])
+                    if found is not None:
+                        slices.append(found)
+                        where.append(str(op.location))
+                        break
+            return ir.WalkResult.ADVANCE
+
+        source.operation.walk(visit)
+        if not slices:
+            return None
+        module = ir.Module.create()
+        types = [ops[-1].results[0].type for ops in slices]
+        with ir.InsertionPoint(module.body):
+            main = func.FuncOp("main", ir.FunctionType.get([], types))
+            main.attributes["sym_visibility"] = ir.StringAttr.get("public")
+            with ir.InsertionPoint(main.add_entry_block()):
+                results = []
+                for ops in slices:
+                    copies: dict[ir.Value, ir.Value] = {}
+                    for op in ops:
+                        copy = op.clone()
+                        for i, operand in enumerate(op.operands):
+                            copy.operands[i] = copies[operand]
+                        copies[op.results[0]] = copy.results[0]
+                    results.append(copies[ops[-1].results[0]])
+                func.ReturnOp(results)
+        return str(module), where
+
+
+def _constant_slice(value: ir.Value) -> list[ir.Operation] | None:
+    """The ops computing `value` from constants alone, operands first; None otherwise."""
+    order: list[ir.Operation] = []
+    done: list[ir.Operation] = []
+
+    def visit(v: ir.Value) -> bool:
+        if isinstance(v.owner, ir.Block):
+            return False  # a function or region argument
+        op = v.owner.operation
+        if op.regions or len(op.results) != 1 or op.name == "func.call":
+            return False
+        if any(op == d for d in done):
+            return True
+        if not all(visit(operand) for operand in op.operands):
+            return False
+        done.append(op)
+        order.append(op)
+        return True
+
+    return order if visit(value) else None

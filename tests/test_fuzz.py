@@ -1,8 +1,9 @@
 """Differential fuzzer: random region graphs (tests/regiongen.py) through bnfold.
 
 Every generated module is transformed with each option set in `OPTION_SETS` (the
-default fold, `equalize=True`, `equalize=True, absorb_high_bias=True`) and must
-satisfy these oracles. Each failure is an exception class of its own, named
+default fold, `equalize=True`, `equalize=True, absorb_high_bias=True`, and two that
+quantize the weights: int8 per tensor after equalization, int8 per channel with bias
+correction) and must satisfy these oracles. Each failure is an exception class of its own, named
 `FuzzFailure_<oracle>_<option set>`, so hypothesis reports and shrinks distinct
 failures separately; its message lists every failure of the example and the module.
 
@@ -42,6 +43,14 @@ failures separately; its message lists every failure of the example and the modu
    pair is in `report.equalized` (both layers in one set's `.layers`) or in
    `report.not_equalized` (`.op` = layer 1) with a reason.
 5. idempotence: folding the default fold's output again folds nothing.
+6. quantization (`check_quantized`; the option sets in `QUANTIZES`, whose numerics
+   change by design): every weight the output computes with, read back by running its
+   kernels' constant subgraphs on XLA (`numerics.kernel_module`), is finite and within
+   half a step (plus the scale's and the product's roundings) of the same weight in the
+   float option set's output; the output is finite wherever the original is; quantizing
+   the output again quantizes nothing and keeps every integer weight. Bias correction
+   runs (crash, verify, report, integers) but its effect is judged in test_quantize,
+   per layer, on samples drawn from the statistics it assumed.
 
 `generator` failures mean regiongen itself is wrong (its module does not parse, or
 its numpy float64 values disagree with XLA's float64 run); `xla` means XLA CPU
@@ -102,7 +111,18 @@ OPTION_SETS: dict[str, bnfold.FoldOptions] = {
     "fold": bnfold.FoldOptions(),
     "equalize": bnfold.FoldOptions(equalize=True),
     "absorb": bnfold.FoldOptions(equalize=True, absorb_high_bias=True),
+    # Bias correction inlines activation helpers that equalization alone may leave (its
+    # walk back needs their mean laws), which can change the equalized sets: the
+    # per-tensor set is compared with "equalize" without it.
+    "quantize": bnfold.FoldOptions(equalize=True, quantize_weights="int8"),
+    "quantize_pc": bnfold.FoldOptions(quantize_weights="int8", quantize_granularity="per-channel",
+                                      bias_correction=True),
 }
+# A quantizing option set: the float option set whose weights it quantizes (its output
+# with the same options less quantization is the weights' reference).
+QUANTIZES = {"quantize": "equalize", "quantize_pc": "fold"}
+# Significand bits (with the implicit one) of the kernel types, for the rounding bound.
+SIGNIFICAND = {"float16": 11, "bfloat16": 8, "float32": 24, "float64": 53}
 # Parse and verify only.
 NO_PATTERNS = bnfold.FoldOptions(disable=bnfold.pattern_names())
 SLACK = 1.5
@@ -262,16 +282,20 @@ def check_program(program: rg.Program, options: list[str] | None = None) -> list
         return [Failure("generator", "-", f"the generated module does not parse: {e}")]
     failures: list[Failure] = []
     base = baseline(program, text, failures)
-    for option in options or OPTION_SETS:
-        failures += check_option(program, text, printed, base, option, OPTION_SETS[option])
-    order = ("generator", "crash", "verify", "xla", "nonfinite", "numerics", "report", "idempotence")
+    outs: dict[str, str] = {}
+    chosen = list(options or OPTION_SETS)
+    # A quantizing set needs its float set's output (run first, oracles too).
+    for option in [QUANTIZES[o] for o in chosen if o in QUANTIZES and QUANTIZES[o] not in chosen] + chosen:
+        failures += check_option(program, text, printed, base, option, OPTION_SETS[option], outs)
+    order = ("generator", "crash", "verify", "xla", "nonfinite", "integers", "numerics", "report",
+             "idempotence")
     return sorted(failures, key=lambda f: (order.index(f.oracle), list(OPTION_SETS).index(f.option)
                                            if f.option in OPTION_SETS else -1))
 
 
 def check_option(program: rg.Program, text: str, printed: str, base: Baseline | None, option: str,
-                 options: bnfold.FoldOptions) -> list[Failure]:
-    """The oracles of one option set."""
+                 options: bnfold.FoldOptions, outs: dict[str, str]) -> list[Failure]:
+    """The oracles of one option set (its output goes into `outs`)."""
     try:
         folded = bnfold.fold_source(text, options=options)
         out = folded.serialize().decode()
@@ -283,12 +307,112 @@ def check_option(program: rg.Program, text: str, printed: str, base: Baseline | 
         bnfold.fold_source(out, options=NO_PATTERNS)
     except Exception as e:  # noqa: BLE001
         return [Failure("verify", option, f"the output does not parse or verify: {e}"), *failures]
+    outs[option] = out
+    if option in QUANTIZES:
+        return failures + check_quantized(program, out, outs.get(QUANTIZES[option]), base, option)
     if base is not None and out != printed and numerics_apply(program, report, option):
         failures += check_numerics(program, out, base, option)
     if option == "fold":
         failures += check_idempotent(out)
     note(f"{option}: {'unchanged' if out == printed else 'changed'}")
     return failures
+
+
+def check_quantized(program: rg.Program, out: str, floating: str | None, base: Baseline | None,
+                    option: str) -> list[Failure]:
+    """A quantizing option set's oracles (its numerics change by design, within the steps):
+
+    - integers: every weight the output computes with (its kernels' constant subgraphs run
+      on XLA) is finite and within half a quantization step of the same weight in the float
+      set's output (max |W| / 127 per tensor, per slice of one axis per channel), plus the
+      stored scale's own rounding (up to two values of the type up) and half an ulp of the
+      type: the integers, the scale and the product round once each.
+    - nonfinite: the output is finite wherever the original is.
+    - idempotence: quantizing the output again quantizes nothing and keeps every integer
+      weight an integer.
+    """
+    failures: list[Failure] = []
+    if floating is not None:
+        failures += _check_weights(out, floating, option)
+    if base is not None:
+        try:
+            actual = run(out, program.inputs)
+        except XlaCrash as e:
+            return failures + [Failure("xla", option, f"XLA CPU aborts on the quantized module "
+                                                      f"but runs the original ({e})")]
+        for i, (a, o) in enumerate(zip(actual, base.orig, strict=True)):
+            bad = ~np.isfinite(np.asarray(a, np.float64)) & np.isfinite(np.asarray(o, np.float64))
+            if np.any(bad):
+                failures.append(Failure("nonfinite", option, f"output {i}: {int(bad.sum())} of "
+                                                             f"{bad.size} elements not finite "
+                                                             f"(the original's are)"))
+    try:
+        again = bnfold.fold_source(out, options=OPTION_SETS[option])
+    except Exception as e:  # noqa: BLE001
+        return failures + [Failure("crash", option, f"quantizing the output again: "
+                                                    f"{type(e).__name__}: {e} ({where(e)})")]
+    integers = _integer_constants(out)
+    if again.report.quantized or _integer_constants(again.serialize().decode()) < integers:
+        failures.append(Failure("idempotence", option,
+                                f"quantizing the output again quantizes "
+                                f"{[q.producer for q in again.report.quantized]} and keeps "
+                                f"{_integer_constants(again.serialize().decode())} of {integers} "
+                                f"integer weights"))
+    return failures
+
+
+INTEGER_CONSTANT = re.compile(r"stablehlo\.constant dense<[^>]*> : tensor<[0-9x]+xi(?:4|8|16)>")
+
+
+def _integer_constants(text: str) -> int:
+    return len(INTEGER_CONSTANT.findall(text))
+
+
+def _check_weights(out: str, floating: str, option: str) -> list[Failure]:
+    made = numerics.kernel_module(out), numerics.kernel_module(floating)
+    if made[0] is None or made[1] is None:
+        return [] if made[0] is made[1] else [Failure("integers", option, "the quantized and the "
+                                                                          "float output differ in "
+                                                                          "constant kernels")]
+    try:
+        quantized, reference = (run(m, []) for m, _ in made)
+    except XlaCrash as e:
+        return [Failure("xla", option, f"XLA CPU aborts on the kernels' module ({e})")]
+    if [k.shape for k in quantized] != [k.shape for k in reference]:
+        return [Failure("integers", option, f"kernel shapes {[k.shape for k in quantized]} differ from "
+                                            f"the float output's {[k.shape for k in reference]}")]
+    per_channel = OPTION_SETS[option].quantize_granularity == "per-channel"
+    failures = []
+    for i, (q, w) in enumerate(zip(quantized, reference, strict=True)):
+        bits = SIGNIFICAND[str(np.asarray(q).dtype)]
+        q64, w64 = np.asarray(q, np.float64), np.asarray(w, np.float64)
+        if not np.all(np.isfinite(q64)):
+            failures.append(Failure("integers", option, f"kernel {i} ({q.dtype}): "
+                                                        f"{int((~np.isfinite(q64)).sum())} weights not finite"))
+            continue
+        if np.array_equal(q64, w64):
+            continue  # not quantized (the report says why)
+        axes = range(w64.ndim) if per_channel else [None]
+        worst = min(_steps_off(q64, w64, axis, bits) for axis in axes)
+        if not worst <= 1.0:
+            failures.append(Failure("integers", option, f"kernel {i} ({q.dtype} {q.shape}): a weight is "
+                                                        f"{worst:.3g} x (half a step + the roundings) "
+                                                        f"off the float weight"))
+    return failures
+
+
+def _steps_off(q: np.ndarray, w: np.ndarray, axis: int | None, bits: int) -> float:
+    """max |q - w| / bound, with bound = half a step (the scale as the type rounds it, up to two
+    values up) plus half an ulp of the type at |q|; per slice along `axis`, or per tensor."""
+    others = tuple(d for d in range(w.ndim) if d != axis) if axis is not None else None
+    top = np.max(np.abs(w), axis=others, keepdims=True) if axis is not None else np.max(np.abs(w))
+    step = top / 127 * (1 + 2.0 ** (2 - bits))
+    exponent = np.floor(np.log2(np.maximum(np.abs(q), np.finfo(np.float64).tiny)))
+    ulp = 2.0 ** (exponent - (bits - 1))
+    bound = step / 2 + ulp / 2
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = np.where(bound > 0, np.abs(q - w) / bound, np.where(q == w, 0.0, np.inf))
+    return float(np.max(ratio))
 
 
 def where(error: BaseException) -> str:
@@ -394,7 +518,15 @@ def check_report(program: rg.Program, report: bnfold.Report, option: str) -> lis
         if norm not in folded and not skipped.get(norm):
             failures.append(Failure("report", option, f"normalization {norm} is neither in "
                                                       f"report.folds nor in report.skipped with a reason"))
-    if option == "fold":
+    if option in QUANTIZES:
+        quantized = {q.producer for q in report.quantized}
+        refused = {s.op: s.reason for s in report.not_quantized}
+        for layer in program.layers:
+            if layer not in quantized and not refused.get(layer):
+                failures.append(Failure("report", option, f"layer {layer} is neither in "
+                                                          f"report.quantized nor in "
+                                                          f"report.not_quantized with a reason"))
+    if not OPTION_SETS[option].equalize:
         return failures
     for first, second in program.pairs:
         together = any(first in eq.layers and second in eq.layers for eq in report.equalized)
