@@ -137,3 +137,19 @@ def test_two_inlined_copies_of_one_helper_are_labelled_with_their_own_fold(tmp_p
     after = json.loads((tmp_path / "nodes.output.json").read_text())["main"]["results"]
     values = sorted(entry["value"] for entry in after.values())
     assert values == ["absorbed fold0", "absorbed fold1"], after
+
+
+@pytest.mark.parametrize("value", ["a}", "{x}", "{0}", "{equalize}", "{}"])
+def test_braces_in_an_option_value_are_quoted_as_typed(tmp_path, capsys, value):
+    """Issue 31: the message was `str.format`ted over the user's text (`--disable 'a}'`
+    was an internal error; `{equalize}` would have become `--equalize`)."""
+    src = tmp_path / "m.mlir"
+    src.write_text(BN)
+    out = tmp_path / "out.mlir"
+    assert main([str(src), "-o", str(out), "--disable", value]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == (f"bnfold-opt: --disable: error: unknown pattern name(s) {value}; "
+                           f"known: {', '.join(bnfold.pattern_names())}"), err
+    assert not out.exists()
+    with pytest.raises(OptionError, match=r"^quantize_weights: error: '\{bits\}' is not one of"):
+        FoldOptions(quantize_weights="{bits}")

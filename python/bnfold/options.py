@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import argparse
 import enum
-from collections.abc import Callable, Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -173,20 +173,33 @@ def _names(value: str | Iterable[str]) -> frozenset[str]:
 Spelling = Callable[[str], str]  # a field's name -> how the user wrote it
 
 
-class OptionError(BnfoldError):
-    """A bad value of option `field`; `template` may name other options as `{field_name}`.
-    Both are spelled as the user wrote them (`spelled`)."""
+@dataclass(frozen=True)
+class Ref:
+    """Another option, named in an `OptionError`'s message as the user spells it."""
 
-    def __init__(self, template: str, spelling: Spelling = lambda name: name, *,
+    field: str
+
+
+Message = str | Sequence[str | Ref]
+
+
+class OptionError(BnfoldError):
+    """A bad value of option `field`. The message is literal text and `Ref`s to other
+    options; both the refs and `field` are spelled as the user wrote them (`spelled`).
+    Nothing is formatted over the text: a value the user typed (`--disable 'a}'`) is
+    quoted as it is."""
+
+    def __init__(self, message: Message, spelling: Spelling = lambda name: name, *,
                  field: str | None = None) -> None:
-        self.template = template
+        self.parts: tuple[str | Ref, ...] = (message,) if isinstance(message, str) \
+            else tuple(message)
         self.field = field
-        names = {name: spelling(name) for name in _FIELDS}
-        super().__init__(template.format(**names),
+        super().__init__("".join(p if isinstance(p, str) else spelling(p.field)
+                                 for p in self.parts),
                          location=spelling(field) if field is not None else None)
 
     def spelled(self, spelling: Spelling) -> OptionError:
-        return OptionError(self.template, spelling, field=self.field)
+        return OptionError(self.parts, spelling, field=self.field)
 
 
 def _validate(options: FoldOptions) -> None:
@@ -203,7 +216,7 @@ def _validate(options: FoldOptions) -> None:
             raise OptionError(f"'{value}' is not one of " + ", ".join(meta.choices), field=name)
         if meta.requires and value != _FIELDS[name].default and value and \
                 not getattr(options, meta.requires):
-            raise OptionError("it needs {" + meta.requires + "} too (it works on its result)",
+            raise OptionError(["it needs ", Ref(meta.requires), " too (it works on its result)"],
                               field=name)
 
 
