@@ -739,7 +739,7 @@ def test_a_crash_on_stdin_saves_the_input_it_read(cli, cli_tmpdir, monkeypatch):
     ("builtin.module(no-such-pass)", r"'no-such-pass' does not refer to a registered pass.*"
                                      r"bnfold-equalize"),
     ("builtin.module(func.func(bnfold-fold))", r"bnfold's passes run on modules"),
-    ("builtin.module(bnfold-fold{no-such-option=1})", r"bnfold-fold has no option no-such-option"),
+    ("builtin.module(bnfold-fold{no-such-option=1})", r"bnfold-fold has no option 'no-such-option'"),
 ])
 def test_pass_pipeline_errors_name_the_program(pipeline, expected, cli):
     result = cli(CONV_BN, "--pass-pipeline", pipeline)

@@ -238,6 +238,10 @@ def _run(args: argparse.Namespace, name: str) -> int:
     from bnfold import ir as bir
 
     options = _options(args)
+    if args.pass_pipeline is not None:
+        from bnfold import passes
+
+        passes.pipeline_options(args.pass_pipeline)  # a bad pipeline is an error before any work
     if args.split_input_file and args.emit != "mlir":
         raise BnfoldError("--split-input-file works with --emit mlir only")
     if args.target_version and args.emit != "portable":

@@ -279,31 +279,50 @@ class PassSpec:
         option = _meta(name).pass_option
         return f"{self.name}{{{option}}}" if option is not None else f"{self.name}"
 
-    def options(self, given: Mapping[str, str]) -> FoldOptions:
-        """FoldOptions from `{option: text}` as written in the pipeline; raises OptionError."""
+    def options(self, given: Mapping[str, str | Sequence[str] | None]) -> FoldOptions:
+        """FoldOptions from `{option: value}` as written in the pipeline: a string, a list
+        (`disable=a,b`, parsed by `bnfold.pass_syntax`) or None (the option without a value:
+        `{equalize}`); raises OptionError."""
         by_option = {_meta(n).pass_option: n for n in _FIELDS if self._takes(n)}
         unknown = sorted(set(given) - set(by_option))
         if unknown:
             raise OptionError(f"{self.name} has no option {', '.join(unknown)}; its options: "
                               f"{', '.join(sorted(o for o in by_option if o))}")
         values: dict[str, Any] = {**self.defaults, **self.fixed}
-        for option, text in given.items():
+        for option, value in given.items():
             name = by_option[option]
-            values[name] = _parse(name, text, self)
+            values[name] = _parse(name, value, self)
         try:
             return FoldOptions(**values)
         except OptionError as e:
             raise e.spelled(self.spelling) from None
 
 
-def _parse(name: str, text: str, spec: PassSpec) -> Any:
+def _parse(name: str, value: str | Sequence[str] | None, spec: PassSpec) -> Any:
     meta = _meta(name)
+    option = meta.pass_option
+    if meta.kind is Kind.NAMES:
+        if value is None:
+            raise OptionError(f"it needs a value: {option}=NAME or {option}=NAME,NAME",
+                              spec.spelling, field=name)
+        return value  # split by FoldOptions
+    if value is not None and not isinstance(value, str):
+        if len(value) != 1:
+            raise OptionError(f"it takes one value, not the list {','.join(value)}",
+                              spec.spelling, field=name)
+        value = value[0]
     if meta.kind is Kind.FLAG:
-        flag = text.lower()
+        if value is None:  # `{equalize}`: MLIR's spelling of true
+            return True
+        flag = value.lower()
         if flag not in ("true", "false", "1", "0"):
-            raise OptionError(f"'{text}' is not true or false", spec.spelling, field=name)
+            raise OptionError(f"'{value}' is not true or false", spec.spelling, field=name)
         return flag in ("true", "1")
-    return text  # NAMES are split by FoldOptions; CHOICE is checked by its validation
+    if value is None:
+        example = "int8" if "int8" in meta.choices else meta.choices[0]
+        raise OptionError(f"it needs a value: {option}={example} (one of "
+                          f"{', '.join(meta.choices)})", spec.spelling, field=name)
+    return value  # CHOICE is checked by its validation
 
 
 def with_changes(options: FoldOptions, **changes: Any) -> FoldOptions:
