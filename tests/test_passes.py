@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 
@@ -11,7 +13,8 @@ import bnfold
 import numerics
 import support
 from bnfold import ir as bir
-from bnfold import passes
+from bnfold import options, passes
+from test_quantize import stack_module
 
 RESNET = support.MODELS / "flax_linen_resnet_nhwc.mlir"
 
@@ -143,3 +146,78 @@ def test_a_bare_flag_is_true_and_a_quoted_comma_does_not_split():
     assert report.equalize
     lines = _error("builtin.module(bnfold-fold{disable='forward-affine,x'})")
     assert "unknown pattern name(s) forward-affine,x" in lines[-3], lines
+
+
+# --- issue 31 item 7: flags beside --pass-pipeline, what passes hand each other ---------------
+
+
+def _flag_argv(f) -> list[str]:
+    meta = f.metadata["bnfold"]
+    if meta.kind is options.Kind.FLAG:
+        return [meta.flag]
+    if meta.kind is options.Kind.NAMES:
+        return [meta.flag, "forward-affine" if f.name == "disable" else "main"]
+    return [meta.flag, "int8" if "int8" in meta.choices else meta.choices[-1]]
+
+
+SCHEMA_FLAGS = [f for f in fields(bnfold.FoldOptions) if f.metadata["bnfold"].flag is not None]
+
+
+@pytest.mark.parametrize("field", SCHEMA_FLAGS, ids=[f.name for f in SCHEMA_FLAGS])
+def test_a_fold_flag_beside_a_pipeline_is_an_error_that_says_how_to_write_it(field, tmp_path):
+    """Every schema flag beside --pass-pipeline exited 0 and did nothing (a float model
+    shipped as 'int8')."""
+    src, out = tmp_path / "m.mlir", tmp_path / "out.mlir"
+    src.write_text(BN)
+    argv = _flag_argv(field)
+    proc = run(src, "-o", out, "--pass-pipeline", "builtin.module(bnfold-fold,cse)", *argv)
+    assert proc.returncode == 1 and not out.exists(), proc.stderr
+    option = field.metadata["bnfold"].pass_option
+    written = "true" if len(argv) == 1 else argv[1]
+    assert proc.stderr.startswith(f"bnfold-opt: {argv[0]}: error: "), proc.stderr
+    assert f"'bnfold-fold{{{option}={written}}}'" in proc.stderr, proc.stderr
+
+
+def test_the_spelling_the_error_suggests_quantizes(tmp_path):
+    src, out = tmp_path / "m.mlir", tmp_path / "out.mlir"
+    src.write_text(BN)
+    proc = run(src, "-o", out, "--pass-pipeline", "builtin.module(bnfold-fold)",
+               "--quantize-weights", "int4")
+    suggested = proc.stderr.split("'")[-2]
+    assert suggested == "bnfold-fold{quantize-weights=int4}", proc.stderr
+    proc = run(src, "-o", out, "--pass-pipeline", f"builtin.module({suggested})")
+    assert proc.returncode == 0 and "tensor<3x3x3x5xi4>" in out.read_text(), proc.stderr
+
+
+def test_quant_encodings_from_a_pipeline_that_quantizes(tmp_path):
+    src, out, enc = tmp_path / "m.mlir", tmp_path / "out.mlir", tmp_path / "enc.json"
+    src.write_text(BN)
+    proc = run(src, "-o", out, "--quant-encodings", enc, "--pass-pipeline",
+               "builtin.module(bnfold-fold,bnfold-quantize-weights{quantize-weights=int4})")
+    assert proc.returncode == 0, proc.stderr
+    (encodings,) = json.loads(enc.read_text())["param_encodings"].values()
+    assert encodings[0]["bitwidth"] == 4
+    proc = run(src, "-o", tmp_path / "o2.mlir", "--quant-encodings", tmp_path / "e2.json",
+               "--pass-pipeline", "builtin.module(bnfold-fold)")
+    assert proc.returncode == 1 and "--quant-encodings needs" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("two, one", [
+    ("bnfold-fold,Q{bias-correction=true}", "Q{bias-correction=true}"),
+    ("bnfold-fold,cse,Q{bias-correction=true}", "Q{bias-correction=true},cse"),
+    ("bnfold-equalize,Q{bias-correction=true}", "Q{equalize bias-correction=true}"),
+])
+def test_bias_correction_after_a_separate_fold_pass_corrects_what_one_run_does(two, one):
+    """`bnfold-fold,bnfold-quantize-weights{bias-correction=true}` corrected 0 layers where
+    one run corrects 2: the folded batch norms' statistics did not reach the second pass."""
+    text = stack_module(3)
+    results = [bnfold.fold_source(text, pass_pipeline="builtin.module(" + pipeline.replace(
+        "Q", "bnfold-quantize-weights") + ")") for pipeline in (one, two)]
+    corrected = [[bool(q.bias_correction["applied"]) for q in r.report.quantized]
+                 for r in results]
+    assert corrected == [[False, True, True]] * 2, results[1].report.table()
+    single, split = (r.serialize().decode() for r in results)
+    assert split == single
+    assert "bnfold." not in split  # nothing bnfold-internal is left
+    inputs = support.inputs_for(text)
+    numerics.check_close(numerics.run_xla(split, inputs), numerics.run_xla(single, inputs))

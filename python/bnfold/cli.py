@@ -237,11 +237,16 @@ def _read(path: str) -> bytes:
 def _run(args: argparse.Namespace, name: str) -> int:
     from bnfold import ir as bir
 
-    options = _options(args)
+    quantizes = False
     if args.pass_pipeline is not None:
         from bnfold import passes
 
-        passes.pipeline_options(args.pass_pipeline)  # a bad pipeline is an error before any work
+        # A bad pipeline is an error before any work.
+        in_pipeline = passes.pipeline_options(args.pass_pipeline)
+        _check_pipeline_flags(args, in_pipeline)
+        quantizes = any(o.quantize_weights for o in in_pipeline.values())
+    options = _options(args)
+    quantizes = quantizes or bool(options.quantize_weights)
     if args.split_input_file and args.emit != "mlir":
         raise BnfoldError("--split-input-file works with --emit mlir only")
     if args.target_version and args.emit != "portable":
@@ -260,9 +265,9 @@ def _run(args: argparse.Namespace, name: str) -> int:
 
         viz.check_installed()  # before any work
         viz.check_port("localhost", args.visualize_port)
-    if args.quant_encodings and not options.quantize_weights:
-        raise BnfoldError("--quant-encodings needs --quantize-weights (it describes the "
-                          "quantized weights)")
+    if args.quant_encodings and not quantizes:
+        raise BnfoldError("--quant-encodings needs --quantize-weights, or a pipeline pass "
+                          "that quantizes (it describes the quantized weights)")
     if args.report_overlay == "-":
         raise BnfoldError("--report-overlay writes two files (FILE.json and FILE.output.json); "
                           "give it a file name, not '-'")
@@ -315,6 +320,28 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.visualize:
         _visualize(args, options)
     return 0
+
+
+def _check_pipeline_flags(args: argparse.Namespace, in_pipeline: dict[int, FoldOptions]) -> None:
+    """With --pass-pipeline, a fold option given as a flag would apply to no pass: it is an
+    error that says how to write it in the pipeline (never silently ignored)."""
+    from bnfold import pass_syntax
+    from bnfold.passes import PASS_SPECS
+
+    given = options.given_on_cli(args)
+    if not given:
+        return
+    options_given = [written.partition("=")[0] for _, written in given]
+    elements = pass_syntax.parse(args.pass_pipeline)
+    target = next((elements[i].name for i in in_pipeline
+                   if set(options_given) <= set(PASS_SPECS[elements[i].name].option_names())),
+                  "bnfold-fold")
+    flags = ", ".join(options.cli_spelling(name) for name, _ in given)
+    raise BnfoldError(f"with --pass-pipeline, the pipeline's passes take the fold options: "
+                      f"{flags} would apply to no pass. Write "
+                      f"{'it' if len(given) == 1 else 'them'} in the pipeline as pass options: "
+                      f"'{target}{{{' '.join(w for _, w in given)}}}'",
+                      location=options.cli_spelling(given[0][0]))
 
 
 def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:

@@ -254,6 +254,25 @@ def from_cli(args: argparse.Namespace, **derived: Any) -> FoldOptions:
         raise e.spelled(cli_spelling) from None
 
 
+def given_on_cli(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """Each option the command line set, as (field name, its pass-option spelling with the
+    value: `equalize=true`, `disable=a,b`), in the schema's order."""
+    given = []
+    for name in _FIELDS:
+        meta = _meta(name)
+        value = getattr(args, name, None) if meta.flag is not None else None
+        if not value:
+            continue
+        if meta.kind is Kind.FLAG:
+            text = "true"
+        elif meta.kind is Kind.NAMES:
+            text = ",".join(sorted(_names(value)))
+        else:
+            text = str(value)
+        given.append((name, f"{meta.pass_option}={text}"))
+    return given
+
+
 # --- pass pipelines -----------------------------------------------------------------
 
 

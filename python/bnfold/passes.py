@@ -41,6 +41,7 @@ from bnfold.report import Report
 UPSTREAM_EXAMPLES = ("canonicalize", "cse", "symbol-dce", "sccp", "inline",
                      "stablehlo-refine-shapes", "stablehlo-legalize-to-vhlo")
 _BY_NAME = {spec.name: spec for spec in PASSES}
+PASS_SPECS = _BY_NAME  # bnfold's passes by pipeline name
 
 
 @dataclass
@@ -67,12 +68,17 @@ class FoldPass:
     graph_nodes: bool = False
     report: Report = field(default_factory=Report)
     error: BnfoldError | None = None
+    # An earlier bnfold pass of the pipeline hands its statistics on; a later one takes them.
+    take_statistics: bool = False
+    hand_on_statistics: bool = False
 
     def __call__(self, op: Any, pass_: Any) -> None:
         try:
             self.report.merge(fold_module(ModuleView(op.operation), self.options,  # type: ignore[arg-type]
                                           source_name=self.source_name,
-                                          graph_nodes=self.graph_nodes))
+                                          graph_nodes=self.graph_nodes,
+                                          take_statistics=self.take_statistics,
+                                          hand_on_statistics=self.hand_on_statistics))
         except BnfoldError as e:
             self.error = e
             pass_.signal_pass_failure()
@@ -109,9 +115,13 @@ def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = 
         pm = passmanager.PassManager("builtin.module")
         for index, element in enumerate(elements):
             if element.name in _BY_NAME:
-                folds.append(add_fold(pm, bnfold_options[index], argument=element.name,
-                                      source_name=source_name,
-                                      graph_nodes=graph_nodes and index == 0))
+                fold = add_fold(pm, bnfold_options[index], argument=element.name,
+                                source_name=source_name, graph_nodes=graph_nodes and index == 0)
+                # What one pass hands the next (the folded batch norms' statistics, for
+                # bias correction, equalization and high-bias absorption) survives.
+                fold.take_statistics = bool(folds)
+                fold.hand_on_statistics = index < max(bnfold_options)
+                folds.append(fold)
                 continue
             try:
                 pm.add(element.text)

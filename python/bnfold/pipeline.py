@@ -88,15 +88,20 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
 
 def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
                 source_name: str | None = None, cleanup: bool = True,
-                graph_nodes: bool = False) -> Report:
+                graph_nodes: bool = False, take_statistics: bool = False,
+                hand_on_statistics: bool = False) -> Report:
     """Folds normalizations in `module` in place and returns the report.
 
     `cleanup=False` leaves the dead producers and chains in place (for
     debugging and for tests of the rewrite rules). `graph_nodes` records, on
     each fold and skip, the Model Explorer nodes of its ops in the input, and
     marks the producers that absorbed folds in the output (`bnfold.overlay`).
-    Raises `BnfoldError` if the module does not verify afterwards (a bnfold
-    bug: please file the reproducer).
+    `take_statistics` and `hand_on_statistics` carry the folded batch norms'
+    statistics from one bnfold pass of a pipeline to the next (in a discardable
+    attribute on each producer that the next pass reads and removes), so that
+    `bnfold-fold,bnfold-quantize-weights{bias-correction=true}` corrects what one
+    run corrects. Raises `BnfoldError` if the module does not verify afterwards
+    (a bnfold bug: please file the reproducer).
     """
     options = options or FoldOptions()
     rewriter = Rewriter()
@@ -107,11 +112,15 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
 
             nodes = overlay.input_nodes(module, rewriter)
         ledger = Ledger(rewriter, source_name, nodes)
+        if take_statistics:
+            ledger.take(module)
         ctx = driver.Context(module, options, rewriter, Analysis(module, rewriter), ledger)
         driver.run(ctx)
         report = ledger.report()
         if graph_nodes:
             overlay.mark_output(module, rewriter, ledger)
+        if hand_on_statistics:
+            ledger.hand_on(module)
         rewriter.finish(module, remove_dead=cleanup)
         try:
             module.operation.verify()
