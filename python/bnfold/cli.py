@@ -19,9 +19,10 @@ from typing import Any, BinaryIO, NoReturn
 
 from bnfold import __version__, options
 from bnfold.errors import BnfoldError
+from bnfold.options import OptionError, cli_spelling
 from bnfold.outputs import Outputs
 from bnfold.patterns import PASSES, REGISTRY
-from bnfold.pipeline import Folded, FoldOptions, fold_source
+from bnfold.pipeline import Folded, FoldOptions, check_skipped_functions, fold_source
 from bnfold.report import Report
 
 PROG = "bnfold-opt"
@@ -282,6 +283,7 @@ def _run(args: argparse.Namespace, name: str) -> int:
         results = [_process(args, options, name, bound, report, data=chunk)
                    for chunk in _split(_read(args.input))]
         folded = [m for m in results if m is not None]
+        _check_skipped(args, options, folded)
         out = b"// -----\n".join(m.serialize("mlir", **_print_options(args)) for m in folded)
         if len(folded) != len(results):
             # Like mlir-opt: the other chunks are still printed and the exit status
@@ -320,6 +322,25 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.visualize:
         _visualize(args, options)
     return 0
+
+
+def _check_skipped(args: argparse.Namespace, fold_options: FoldOptions,
+                   folded: list[Folded]) -> None:
+    """--skip-func over a split input: each name must be a function of some chunk."""
+    skipped = set(fold_options.skip_functions)
+    if args.pass_pipeline is not None:
+        from bnfold import passes
+
+        for pass_options in passes.pipeline_options(args.pass_pipeline).values():
+            skipped |= set(pass_options.skip_functions)
+    if not skipped:
+        return
+    names = [name for m in folded for name in m.input_functions]
+    try:
+        check_skipped_functions(skipped, names)
+    except OptionError as e:
+        raise e.spelled(cli_spelling if args.pass_pipeline is None else
+                        lambda name: "--pass-pipeline: skip-func") from None
 
 
 def _check_pipeline_flags(args: argparse.Namespace, in_pipeline: dict[int, FoldOptions]) -> None:
@@ -429,8 +450,11 @@ def _process(args: argparse.Namespace, options: FoldOptions, name: str,
                              bind_function=args.bind_func,
                              allow_unregistered=args.allow_unregistered_dialect,
                              pass_pipeline=args.pass_pipeline,
-                             graph_nodes=bool(args.report_overlay))
+                             graph_nodes=bool(args.report_overlay),
+                             check_skipped=not args.split_input_file)
     except BnfoldError as e:
+        if isinstance(e, OptionError):  # named as the command line spells it
+            e = e.spelled(cli_spelling)
         print(_error_line(e), file=sys.stderr)
         return None
     report.merge(folded.report)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import enum
+import re
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -58,8 +59,10 @@ class FoldOptions:
 
     disable: pattern names not to run (see `pattern_names()`); a single name
         or a comma-separated string is accepted too.
-    skip_functions: functions (without "@") left alone: not folded, not
-        inlined into their callers, not removed.
+    skip_functions: functions left alone: not folded, not inlined into their
+        callers, not removed; named as they are (`<lambda>`) or as MLIR prints
+        them (`@"<lambda>"`). A name that is no function of the module is an
+        error that lists its functions.
     expand_batch_norm: rewrite every batch_norm_inference that did not fold
         into multiply + add (for back ends and the reference interpreter).
     pad_uniform_shift: fold a uniform shift (Keras Rescaling) through a
@@ -137,6 +140,7 @@ class FoldOptions:
         for f in fields(self):
             if _meta(f.name).kind is Kind.NAMES:
                 object.__setattr__(self, f.name, _names(getattr(self, f.name)))
+        object.__setattr__(self, "skip_functions", frozenset(map(symbol, self.skip_functions)))
         _validate(self)
 
     @property
@@ -166,6 +170,19 @@ def _names(value: str | Iterable[str]) -> frozenset[str]:
     if isinstance(value, str):
         value = value.split(",")
     return frozenset(n.strip() for n in value if n.strip())
+
+
+def symbol(name: str) -> str:
+    """A function's name as MLIR prints it (`@main`, `"<lambda>"`, `@"<lambda>"`) or as
+    it is (`main`, `<lambda>`) -> the name itself."""
+    name = name.strip()
+    if name.startswith("@"):
+        name = name[1:]
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        name = re.sub(r'\\([0-9A-Fa-f]{2}|["\\])',
+                      lambda m: m.group(1) if len(m.group(1)) == 1 else chr(int(m.group(1), 16)),
+                      name[1:-1])
+    return name
 
 
 # --- validation -------------------------------------------------------------------

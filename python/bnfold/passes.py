@@ -71,6 +71,8 @@ class FoldPass:
     # An earlier bnfold pass of the pipeline hands its statistics on; a later one takes them.
     take_statistics: bool = False
     hand_on_statistics: bool = False
+    argument: str = "bnfold-fold"  # the pass's name in the pipeline
+    check_skipped: bool = True  # skip-func must name functions of the module
 
     def __call__(self, op: Any, pass_: Any) -> None:
         try:
@@ -78,7 +80,13 @@ class FoldPass:
                                           source_name=self.source_name,
                                           graph_nodes=self.graph_nodes,
                                           take_statistics=self.take_statistics,
-                                          hand_on_statistics=self.hand_on_statistics))
+                                          hand_on_statistics=self.hand_on_statistics,
+                                          check_skipped=self.check_skipped))
+        except OptionError as e:  # named as the pipeline spells it
+            spelled = e.spelled(_BY_NAME.get(self.argument, _BY_NAME["bnfold-fold"]).spelling)
+            self.error = BnfoldError(spelled.message,
+                                     location=f"--pass-pipeline: {spelled.location}")
+            pass_.signal_pass_failure()
         except BnfoldError as e:
             self.error = e
             pass_.signal_pass_failure()
@@ -88,7 +96,7 @@ def add_fold(pm: passmanager.PassManager, options: FoldOptions | None = None, *,
              argument: str = "bnfold-fold", source_name: str | None = None,
              graph_nodes: bool = False) -> FoldPass:
     """Adds bnfold's fold to `pm` (at the module level); returns it for its report."""
-    fold = FoldPass(options or FoldOptions(), source_name, graph_nodes)
+    fold = FoldPass(options or FoldOptions(), source_name, graph_nodes, argument=argument)
     spec = _BY_NAME.get(argument, _BY_NAME["bnfold-fold"])
     # A generic operation pass, added to a module-anchored pass manager: it
     # runs on the module op itself.
@@ -97,7 +105,7 @@ def add_fold(pm: passmanager.PassManager, options: FoldOptions | None = None, *,
 
 
 def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = None,
-                 graph_nodes: bool = False) -> Report:
+                 graph_nodes: bool = False, check_skipped: bool = True) -> Report:
     """Runs a textual pipeline mixing bnfold's passes with MLIR's; returns bnfold's report.
 
     With `graph_nodes` (Model Explorer node data), the pipeline must start with a bnfold
@@ -120,6 +128,7 @@ def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = 
                 # What one pass hands the next (the folded batch norms' statistics, for
                 # bias correction, equalization and high-bias absorption) survives.
                 fold.take_statistics = bool(folds)
+                fold.check_skipped = check_skipped
                 fold.hand_on_statistics = index < max(bnfold_options)
                 folds.append(fold)
                 continue

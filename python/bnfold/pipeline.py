@@ -17,17 +17,18 @@ jax.export hook and the tests).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from bnfold import driver
 from bnfold.analysis import Analysis
 from bnfold.binding import bind_arguments
 from bnfold.errors import BnfoldError
+from bnfold.graph import functions, printed_symbol, symbol_name
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger
-from bnfold.options import FoldOptions
+from bnfold.options import FoldOptions, OptionError
 from bnfold.patterns import pattern_names
 from bnfold.report import Report
 from bnfold.rewriter import Rewriter
@@ -45,6 +46,7 @@ class Folded:
     module: ir.Module
     context: ir.Context
     report: Report
+    input_functions: list[str] = field(default_factory=list)  # the input's, before folding
 
     def serialize(self, fmt: Format = "mlir", **kwargs: Any) -> bytes:
         with self.context:
@@ -55,7 +57,8 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
                 name: str = "<input>", options: FoldOptions | None = None,
                 bindings: Bindings | None = None,
                 bind_function: str = "main", allow_unregistered: bool = False,
-                pass_pipeline: str | None = None, graph_nodes: bool = False) -> Folded:
+                pass_pipeline: str | None = None, graph_nodes: bool = False,
+                check_skipped: bool = True) -> Folded:
     """The one pipeline: parse -> bind -> fold -> verify (-> report, write by the caller).
 
     Reads `data` (text, bytecode or a portable artifact) or the file at
@@ -63,8 +66,9 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     `bind_function` (by `argN`, name or index) to values, or is a function of
     the parsed module returning that mapping. `pass_pipeline` (a textual
     pipeline, see `bnfold.passes`) replaces the default fold. `graph_nodes`
-    records Model Explorer node ids for `bnfold.overlay`. Raises `BnfoldError`
-    for bad input.
+    records Model Explorer node ids for `bnfold.overlay`. `check_skipped=False`
+    lets `options.skip_functions` name functions this module lacks (the CLI checks
+    them over every chunk of a split input). Raises `BnfoldError` for bad input.
     """
     context = make_context(allow_unregistered=allow_unregistered)
     if path is not None:
@@ -74,22 +78,25 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     else:
         raise BnfoldError("fold_source needs data or a path")
     with context, ir.Location.unknown():
+        input_functions = _function_names(module)
         values = bindings(module) if callable(bindings) else bindings
         if values:
             bind_arguments(module, values, function=bind_function, source_name=name)
         if pass_pipeline is None:
-            report = fold_module(module, options, source_name=name, graph_nodes=graph_nodes)
+            report = fold_module(module, options, source_name=name, graph_nodes=graph_nodes,
+                                 check_skipped=check_skipped)
         else:  # bnfold's passes and MLIR's, as the pipeline says
             from bnfold.passes import run_pipeline
 
-            report = run_pipeline(module, pass_pipeline, source_name=name, graph_nodes=graph_nodes)
-    return Folded(module, context, report)
+            report = run_pipeline(module, pass_pipeline, source_name=name, graph_nodes=graph_nodes,
+                                  check_skipped=check_skipped)
+    return Folded(module, context, report, input_functions)
 
 
 def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
                 source_name: str | None = None, cleanup: bool = True,
                 graph_nodes: bool = False, take_statistics: bool = False,
-                hand_on_statistics: bool = False) -> Report:
+                hand_on_statistics: bool = False, check_skipped: bool = True) -> Report:
     """Folds normalizations in `module` in place and returns the report.
 
     `cleanup=False` leaves the dead producers and chains in place (for
@@ -111,6 +118,8 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
             from bnfold import overlay  # only --report-overlay needs it
 
             nodes = overlay.input_nodes(module, rewriter)
+        if options.skip_functions and check_skipped:
+            check_skipped_functions(options.skip_functions, _function_names(module))
         ledger = Ledger(rewriter, source_name, nodes)
         if take_statistics:
             ledger.take(module)
@@ -129,3 +138,18 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
                               f"bnfold bug):\n{format_diagnostics(e, source_name or '-')}",
                               preformatted=True) from None
     return report
+
+
+def _function_names(module: ir.Module) -> list[str]:
+    return [symbol_name(f) for f in functions(module)]
+
+
+def check_skipped_functions(skipped: Iterable[str], names: Iterable[str]) -> None:
+    """A function to skip that is not among `names` is an error (never a silent no-op: the
+    helper the user meant would be inlined and removed); it lists the functions there are."""
+    present = list(dict.fromkeys(names))
+    missing = sorted(set(skipped) - set(present))
+    if missing:
+        there = ", ".join(map(printed_symbol, present)) or "none"
+        raise OptionError(f"the module has no function {', '.join(map(printed_symbol, missing))}"
+                          f"; its functions: {there}", field="skip_functions")
