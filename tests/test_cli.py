@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -794,3 +795,23 @@ def test_the_summary_hint_says_which_argument_blocks_the_fold(cli):
     assert "every normalization's parameters are function arguments" in params
     for err in (kernel, params):
         assert "--bind-params FILE.npz" in err
+
+
+@pytest.mark.parametrize("argv, flags", [
+    # Issue 31 item 10: every '-' was dropped ('-o - --equalize' printed as '-o --equalize').
+    (["-", "-o", "-", "--equalize"], ["-o", "-", "--equalize"]),
+    (["-o", "-", "-", "--report-format", "text"], ["-o", "-", "--report-format", "text"]),
+    (["-o", "-", "--equalize"], ["-o", "-", "--equalize"]),  # stdin by default
+    (["--output=-", "-", "--disable", "forward-affine"], ["--output=-", "--disable",
+                                                          "forward-affine"]),
+    (["--outp", "-", "-", "--skip-func", "my helper"],  # an abbreviation; quoted for a shell
+     ["--outp", "-", "--skip-func", "my helper"]),
+])
+def test_a_crash_reproducer_keeps_every_argument_but_the_input(cli, cli_tmpdir, monkeypatch,
+                                                               argv, flags):
+    monkeypatch.setattr("bnfold.pipeline.fold_module", _crash)
+    result = cli(*argv, stdin=CONV_BN.read_bytes())
+    assert result.rc == 1
+    (repro,) = reproducers(cli_tmpdir)
+    command = next(line for line in result.err.splitlines() if line.startswith("  bnfold-opt"))
+    assert shlex.split(command) == ["bnfold-opt", str(cli_tmpdir / repro / "input"), *flags]

@@ -11,6 +11,7 @@ import argparse
 import functools
 import os
 import re
+import shlex
 import sys
 import time
 import traceback
@@ -416,9 +417,7 @@ def _overlays(folded: Folded, report: Report, name: str) -> tuple[bytes, bytes]:
     """Model Explorer node data of the input and of the output graph."""
     from bnfold import overlay
 
-    with folded.context:  # before the module is written: it removes the fold's marks
-        after = overlay.output_overlay(folded.module, report)
-    return _json(overlay.input_overlay(report)), _json(after)
+    return _json(overlay.input_overlay(report)), _json(folded.output_nodes or {})
 
 
 def _json(data: Any) -> bytes:
@@ -499,6 +498,30 @@ def _load_params(path: str) -> dict[str | int, Any]:
                           ) from None
 
 
+def _without_input(argv: list[str]) -> list[str]:
+    """`argv` without the input argument (the first positional one), every other argument
+    kept, '-' included (`-o -` stays `-o -`), each quoted for a shell."""
+    actions = build_parser()._option_string_actions
+    takes_value = {s for s, action in actions.items() if action.nargs != 0}
+    kept: list[str] = []
+    value_next = dropped = positional_only = False
+    for arg in argv:
+        if value_next:
+            value_next = False
+        elif positional_only or arg == "-" or not arg.startswith("-"):
+            if not dropped:
+                dropped = True
+                continue
+        elif arg == "--":
+            positional_only = True
+        elif "=" not in arg and (arg in takes_value or (arg.startswith("--") and any(
+                s.startswith(arg) for s in takes_value) and not any(
+                s.startswith(arg) for s in set(actions) - takes_value))):
+            value_next = True
+        kept.append(arg)
+    return [shlex.quote(a) for a in kept]
+
+
 def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:
     """torch-mlir style: keep the input and the traceback, print the exact command."""
     import tempfile  # only after a crash
@@ -517,10 +540,11 @@ def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> s
             dst.write(data)
     with open(os.path.join(directory, "traceback.txt"), "w") as f:
         f.write(trace)
-    flags = [a for a in argv if a not in (args.input, "-")]
+    flags = _without_input(argv)
     saved = "the input and traceback.txt" if data is not None else \
         "traceback.txt; the input could not be saved"
-    command = f"  {PROG} {source if data is not None else args.input} {' '.join(flags)}".rstrip()
+    command = f"  {PROG} {shlex.quote(source if data is not None else args.input)} " \
+        f"{' '.join(flags)}".rstrip()
     return (f"Saved a reproducer in {directory} ({saved}). Reproduce with:\n{command}\n"
             f"Please file it with the traceback: this is a bnfold bug.")
 

@@ -47,6 +47,9 @@ class Folded:
     context: ir.Context
     report: Report
     input_functions: list[str] = field(default_factory=list)  # the input's, before folding
+    # With `graph_nodes`: Model Explorer node data of the output graph (each producer that
+    # absorbed folds, `bnfold.overlay.output_overlay`); the module itself carries no marks.
+    output_nodes: dict[str, Any] | None = None
 
     def serialize(self, fmt: Format = "mlir", **kwargs: Any) -> bytes:
         with self.context:
@@ -66,7 +69,8 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     `bind_function` (by `argN`, name or index) to values, or is a function of
     the parsed module returning that mapping. `pass_pipeline` (a textual
     pipeline, see `bnfold.passes`) replaces the default fold. `graph_nodes`
-    records Model Explorer node ids for `bnfold.overlay`. `check_skipped=False`
+    records Model Explorer node ids for `bnfold.overlay` (the report's input nodes,
+    and `Folded.output_nodes`; the output module carries no marks). `check_skipped=False`
     lets `options.skip_functions` name functions this module lacks (the CLI checks
     them over every chunk of a split input). Raises `BnfoldError` for bad input.
     """
@@ -90,7 +94,12 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
 
             report = run_pipeline(module, pass_pipeline, source_name=name, graph_nodes=graph_nodes,
                                   check_skipped=check_skipped)
-    return Folded(module, context, report, input_functions)
+        output_nodes = None
+        if graph_nodes:  # the marks the fold left on producers go into the node data
+            from bnfold import overlay
+
+            output_nodes = overlay.output_overlay(module, report)
+    return Folded(module, context, report, input_functions, output_nodes)
 
 
 def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
