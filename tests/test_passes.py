@@ -50,6 +50,9 @@ def test_stablehlo_passes_are_available(tmp_path):
     ("builtin.module(bnfold-fold{disable=nope})", "unknown pattern name(s) nope"),
     ("builtin.module(bnfold-fold{colour=blue})", "has no option 'colour'"),
     ("builtin.module(bnfold-fold,(cse)", "expected a pass name, found '('"),
+    # MLIR's own message is on its second line (the first is empty): it said only "; ...".
+    ("builtin.module(bnfold-fold,canonicalize{max-iterations=x})",
+     "error: failed to add `canonicalize` with options `max-iterations=x` (column 28)"),
 ])
 def test_bad_pipelines_are_clear_errors(pipeline, message, tmp_path):
     out = tmp_path / "out.mlir"

@@ -135,9 +135,11 @@ def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = 
             try:
                 pm.add(element.text)
             except ValueError as e:
-                raise BnfoldError(f"{_first_line(e)}; bnfold's passes: {', '.join(_BY_NAME)}; "
-                                  f"MLIR's include {', '.join(UPSTREAM_EXAMPLES)} (any pass "
-                                  f"jaxlib registers)" + pass_syntax.point_at(pipeline, element.at),
+                message = _first_line(e)
+                if "does not refer to a registered pass" in message:
+                    message += (f"; bnfold's passes: {', '.join(_BY_NAME)}; MLIR's include "
+                                f"{', '.join(UPSTREAM_EXAMPLES)} (any pass jaxlib registers)")
+                raise BnfoldError(message + pass_syntax.point_at(pipeline, element.at),
                                   location="--pass-pipeline") from None
         try:
             pm.run(module.operation)
@@ -225,4 +227,4 @@ def split_pipeline(pipeline: str) -> list[str]:
 
 
 def _first_line(error: Exception) -> str:
-    return str(error).splitlines()[0]
+    return next((line for line in str(error).splitlines() if line.strip()), "invalid pass")
