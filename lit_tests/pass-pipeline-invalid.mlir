@@ -18,6 +18,12 @@
 // OPTION: error: bnfold-fold has no option 'colour'; its options: absorb-high-bias, {{.*}} (column 28)
 // RUN: not %bnfold-opt %s --pass-pipeline 'builtin.module(bnfold-fold,cse' 2>&1 | %filecheck %s --check-prefix=PAREN
 // PAREN: error: expected ',' or ')' after 'cse', found the end of the pipeline (column 31)
+// A fold flag beside --pass-pipeline applies to no pass: an error that says how to write it.
+// RUN: not %bnfold-opt %s --pass-pipeline 'builtin.module(bnfold-fold,cse)' --quantize-weights int8 --equalize 2>&1 | %filecheck %s --check-prefix=FLAG
+// FLAG: bnfold-opt: --equalize: error: with --pass-pipeline, the pipeline's passes take the fold options: --equalize, --quantize-weights would apply to no pass. Write them in the pipeline as pass options: 'bnfold-fold{equalize=true quantize-weights=int8}'
+// A function to skip that the input lacks lists the functions there are.
+// RUN: not %bnfold-opt %s --pass-pipeline 'builtin.module(bnfold-fold{skip-func=mian})' 2>&1 | %filecheck %s --check-prefix=SKIP
+// SKIP: bnfold-opt: --pass-pipeline: bnfold-fold{skip-func}: error: the module has no function @mian; its functions: @main
 
 func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> {
   return %x : tensor<2xf32>
