@@ -15,6 +15,7 @@ import io
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -555,10 +556,12 @@ def test_skip_func_main_keeps_the_batch_norm(cli):
     assert len(find_ops(parse(result.out), BN)) == 1
 
 
-def test_skip_func_of_another_function_still_folds(cli):
+def test_skip_func_of_a_function_the_module_lacks_is_an_error(cli):
+    """It folded everything and exited 0 (issue 31: a misspelt name kept nothing)."""
     result = cli(CONV_BN, "--skip-func", "other")
-    assert result.rc == 0
-    assert find_ops(parse(result.out), BN) == []
+    assert result.rc == 1 and result.out == b""
+    assert "--skip-func: error: the module has no function @other; its functions: @main" \
+        in result.err
 
 
 def test_expand_batch_norm_removes_every_batch_norm(cli):
@@ -739,7 +742,7 @@ def test_a_crash_on_stdin_saves_the_input_it_read(cli, cli_tmpdir, monkeypatch):
     ("builtin.module(no-such-pass)", r"'no-such-pass' does not refer to a registered pass.*"
                                      r"bnfold-equalize"),
     ("builtin.module(func.func(bnfold-fold))", r"bnfold's passes run on modules"),
-    ("builtin.module(bnfold-fold{no-such-option=1})", r"bnfold-fold has no option no-such-option"),
+    ("builtin.module(bnfold-fold{no-such-option=1})", r"bnfold-fold has no option 'no-such-option'"),
 ])
 def test_pass_pipeline_errors_name_the_program(pipeline, expected, cli):
     result = cli(CONV_BN, "--pass-pipeline", pipeline)
@@ -792,3 +795,23 @@ def test_the_summary_hint_says_which_argument_blocks_the_fold(cli):
     assert "every normalization's parameters are function arguments" in params
     for err in (kernel, params):
         assert "--bind-params FILE.npz" in err
+
+
+@pytest.mark.parametrize("argv, flags", [
+    # Issue 31 item 10: every '-' was dropped ('-o - --equalize' printed as '-o --equalize').
+    (["-", "-o", "-", "--equalize"], ["-o", "-", "--equalize"]),
+    (["-o", "-", "-", "--report-format", "text"], ["-o", "-", "--report-format", "text"]),
+    (["-o", "-", "--equalize"], ["-o", "-", "--equalize"]),  # stdin by default
+    (["--output=-", "-", "--disable", "forward-affine"], ["--output=-", "--disable",
+                                                          "forward-affine"]),
+    (["--outp", "-", "-", "--skip-func", "my helper"],  # an abbreviation; quoted for a shell
+     ["--outp", "-", "--skip-func", "my helper"]),
+])
+def test_a_crash_reproducer_keeps_every_argument_but_the_input(cli, cli_tmpdir, monkeypatch,
+                                                               argv, flags):
+    monkeypatch.setattr("bnfold.pipeline.fold_module", _crash)
+    result = cli(*argv, stdin=CONV_BN.read_bytes())
+    assert result.rc == 1
+    (repro,) = reproducers(cli_tmpdir)
+    command = next(line for line in result.err.splitlines() if line.startswith("  bnfold-opt"))
+    assert shlex.split(command) == ["bnfold-opt", str(cli_tmpdir / repro / "input"), *flags]

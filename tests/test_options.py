@@ -66,7 +66,7 @@ def test_errors_name_the_flag_the_user_gave(tmp_path, capsys, argv, flag):
 def test_pass_option_errors_name_the_pass_option():
     with pytest.raises(bnfold.BnfoldError, match=r"bnfold-fold\{absorb-high-bias\}.*bnfold-fold\{equalize\}"):
         bnfold.fold_source(BN, pass_pipeline="builtin.module(bnfold-fold{absorb-high-bias=true})")
-    with pytest.raises(bnfold.BnfoldError, match=r"bnfold-expand-batch-norm has no option disable"):
+    with pytest.raises(bnfold.BnfoldError, match=r"bnfold-expand-batch-norm has no option 'disable'"):
         bnfold.fold_source(BN, pass_pipeline="builtin.module(bnfold-expand-batch-norm{disable=x})")
 
 
@@ -137,3 +137,88 @@ def test_two_inlined_copies_of_one_helper_are_labelled_with_their_own_fold(tmp_p
     after = json.loads((tmp_path / "nodes.output.json").read_text())["main"]["results"]
     values = sorted(entry["value"] for entry in after.values())
     assert values == ["absorbed fold0", "absorbed fold1"], after
+
+
+@pytest.mark.parametrize("value", ["a}", "{x}", "{0}", "{equalize}", "{}"])
+def test_braces_in_an_option_value_are_quoted_as_typed(tmp_path, capsys, value):
+    """Issue 31: the message was `str.format`ted over the user's text (`--disable 'a}'`
+    was an internal error; `{equalize}` would have become `--equalize`)."""
+    src = tmp_path / "m.mlir"
+    src.write_text(BN)
+    out = tmp_path / "out.mlir"
+    assert main([str(src), "-o", str(out), "--disable", value]) == 1
+    err = capsys.readouterr().err
+    assert err.strip() == (f"bnfold-opt: --disable: error: unknown pattern name(s) {value}; "
+                           f"known: {', '.join(bnfold.pattern_names())}"), err
+    assert not out.exists()
+    with pytest.raises(OptionError, match=r"^quantize_weights: error: '\{bits\}' is not one of"):
+        FoldOptions(quantize_weights="{bits}")
+
+
+LAMBDA = """
+func.func @main(%x: tensor<1x4x4x2xf32>) -> tensor<1x4x4x2xf32> {
+  %k = stablehlo.constant dense<[[[[1.0, -2.0], [0.5, 3.0]]]]> : tensor<1x1x2x2xf32>
+  %y = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x4x4x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x4x4x2xf32>
+  %z = call @"<lambda>"(%y) : (tensor<1x4x4x2xf32>) -> tensor<1x4x4x2xf32>
+  return %z : tensor<1x4x4x2xf32>
+}
+func.func private @"<lambda>"(%a: tensor<1x4x4x2xf32>) -> tensor<1x4x4x2xf32> {
+  %sv = stablehlo.constant dense<[0.5, 2.0]> : tensor<2xf32>
+  %s = stablehlo.broadcast_in_dim %sv, dims = [3] : (tensor<2xf32>) -> tensor<1x4x4x2xf32>
+  %n = stablehlo.multiply %a, %s : tensor<1x4x4x2xf32>
+  return %n : tensor<1x4x4x2xf32>
+}
+"""
+KEPT = 'func.func private @"<lambda>"'
+
+
+def _lambda_run(tmp_path, *argv: str) -> tuple[int, str | None]:
+    src, out = tmp_path / "m.mlir", tmp_path / "out.mlir"
+    src.write_text(LAMBDA)
+    out.unlink(missing_ok=True)
+    code = main([str(src), "-o", str(out), "-q", *argv])
+    return code, out.read_text() if out.exists() else None
+
+
+@pytest.mark.parametrize("argv", [
+    ["--skip-func", '"<lambda>"'], ["--skip-func", '@"<lambda>"'], ["--skip-func", "<lambda>"],
+    ["--pass-pipeline", 'builtin.module(bnfold-fold{skip-func="<lambda>"})'],
+    ["--pass-pipeline", "builtin.module(bnfold-fold{skip-func='\"<lambda>\"'})"],
+    ["--pass-pipeline", 'builtin.module(bnfold-fold{skip-func=@"<lambda>"})'],
+])
+def test_skip_func_takes_the_name_as_mlir_prints_it(tmp_path, argv):
+    """Issue 31 item 8: `--skip-func '"<lambda>"'` matched nothing, and the helper the user
+    asked to keep was inlined and deleted."""
+    code, text = _lambda_run(tmp_path, *argv)
+    assert code == 0 and text is not None and KEPT in text and "stablehlo.multiply" in text
+    code, text = _lambda_run(tmp_path)  # the control: without it the helper is folded away
+    assert code == 0 and text is not None and KEPT not in text
+
+
+@pytest.mark.parametrize("argv, where", [
+    (["--skip-func", "lambda"], "bnfold-opt: --skip-func: error: "),
+    (["--skip-func", "<lambda>", "--skip-func", "@helper"], "bnfold-opt: --skip-func: error: "),
+    (["--pass-pipeline", "builtin.module(bnfold-fold{skip-func=lambda})"],
+     "bnfold-opt: --pass-pipeline: bnfold-fold{skip-func}: error: "),
+])
+def test_a_skip_func_that_names_no_function_lists_the_functions(tmp_path, capsys, argv, where):
+    code, text = _lambda_run(tmp_path, *argv)
+    assert code == 1 and text is None
+    err = capsys.readouterr().err.strip()
+    missing = "@lambda" if "lambda" in argv[-1] and "<" not in argv[-1] else "@helper"
+    assert err == f"{where}the module has no function {missing}; its functions: " \
+                  '@main, @"<lambda>"', err
+
+
+def test_skip_func_over_a_split_input_names_a_function_of_some_chunk(tmp_path, capsys):
+    src, out = tmp_path / "m.mlir", tmp_path / "out.mlir"
+    src.write_text(BN + "\n// -----\n" + LAMBDA)
+    assert main([str(src), "-o", str(out), "-q", "--split-input-file",
+                 "--skip-func", '@"<lambda>"']) == 0
+    assert KEPT in out.read_text() and "batch_norm_inference" not in out.read_text()
+    out.unlink()
+    assert main([str(src), "-o", str(out), "-q", "--split-input-file",
+                 "--skip-func", "lambda"]) == 1
+    assert not out.exists()
+    assert capsys.readouterr().err.strip() == "bnfold-opt: --skip-func: error: the module has " \
+        'no function @lambda; its functions: @main, @"<lambda>"'

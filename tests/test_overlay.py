@@ -84,6 +84,17 @@ def test_graph_nodes_are_recorded_only_on_request():
     assert folded.report.folds[0].nodes and folded.report.skipped[0].nodes
 
 
+@pytest.mark.parametrize("pipeline", [None, "builtin.module(bnfold-fold,cse)"])
+def test_graph_nodes_leave_no_marks_in_the_output(pipeline):
+    """Issue 31 item 10: from the Python API, `bnfold.absorbed` stayed in the output IR (only
+    the CLI removed it); the marks come back as the output graph's node data instead."""
+    folded = bnfold.fold_source(MODULE, graph_nodes=True, pass_pipeline=pipeline)
+    assert "bnfold." not in folded.serialize().decode()
+    (entry,) = folded.output_nodes["main"]["results"].values()
+    assert entry["value"] == f"absorbed {folded.report.folds[0].id}"
+    assert bnfold.fold_source(MODULE).output_nodes is None
+
+
 ADAPTER_CASES = ["models/deployment_flax_resnet18_multiplatform_nhwc.mlir",  # case regions
                  "models/deployment_jax_jit_conv_helper_nhwc.mlir",  # private functions
                  "models/keras_efficientnet_stem_nhwc.mlir",  # name locations

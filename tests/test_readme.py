@@ -91,3 +91,15 @@ def test_pass_pipelines_section_names_every_pass_and_option():
         assert f"`{spec.name}" in section, spec.name
         for option in spec.option_names():
             assert f"`{option}=" in section, (spec.name, option)
+
+
+def test_every_refusal_code_is_in_the_readme_list():
+    """Issue 31: `nothing-to-do` was missing from the README's list of report codes."""
+    from bnfold.refusal import Code
+
+    match = re.search(r"Every refusal has a `code` for programs \((.*?)`bnfold\.refusal\.Code`\)",
+                      README, re.S)
+    assert match, "the README's list of codes moved"
+    listed = re.findall(r"`([a-z-]+)`", match.group(1))
+    assert sorted(listed) == sorted(code.value for code in Code)
+    assert len(listed) == len(set(listed))

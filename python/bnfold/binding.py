@@ -26,10 +26,12 @@ from bnfold.graph import (
     callee_name,
     calls,
     defining_op,
+    function_list,
     function_of,
     functions,
     is_private,
     lookup_function,
+    printed_symbol,
     symbol_name,
     symbol_table_of,
 )
@@ -39,7 +41,8 @@ from bnfold.ir import ir, location_name, stablehlo
 def find_function(module: ir.Module, name: str) -> ir.Operation:
     func = lookup_function(module, name)
     if func is None:
-        raise BnfoldError(f"module has no function @{name}")
+        raise BnfoldError(f"module has no function {printed_symbol(name)}; its functions: "
+                          f"{function_list(module)}")
     return func
 
 

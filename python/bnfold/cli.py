@@ -11,6 +11,7 @@ import argparse
 import functools
 import os
 import re
+import shlex
 import sys
 import time
 import traceback
@@ -19,9 +20,10 @@ from typing import Any, BinaryIO, NoReturn
 
 from bnfold import __version__, options
 from bnfold.errors import BnfoldError
+from bnfold.options import OptionError, cli_spelling
 from bnfold.outputs import Outputs
 from bnfold.patterns import PASSES, REGISTRY
-from bnfold.pipeline import Folded, FoldOptions, fold_source
+from bnfold.pipeline import Folded, FoldOptions, check_skipped_functions, fold_source
 from bnfold.report import Report
 
 PROG = "bnfold-opt"
@@ -237,7 +239,16 @@ def _read(path: str) -> bytes:
 def _run(args: argparse.Namespace, name: str) -> int:
     from bnfold import ir as bir
 
+    quantizes = False
+    if args.pass_pipeline is not None:
+        from bnfold import passes
+
+        # A bad pipeline is an error before any work.
+        in_pipeline = passes.pipeline_options(args.pass_pipeline)
+        _check_pipeline_flags(args, in_pipeline)
+        quantizes = any(o.quantize_weights for o in in_pipeline.values())
     options = _options(args)
+    quantizes = quantizes or bool(options.quantize_weights)
     if args.split_input_file and args.emit != "mlir":
         raise BnfoldError("--split-input-file works with --emit mlir only")
     if args.target_version and args.emit != "portable":
@@ -256,9 +267,9 @@ def _run(args: argparse.Namespace, name: str) -> int:
 
         viz.check_installed()  # before any work
         viz.check_port("localhost", args.visualize_port)
-    if args.quant_encodings and not options.quantize_weights:
-        raise BnfoldError("--quant-encodings needs --quantize-weights (it describes the "
-                          "quantized weights)")
+    if args.quant_encodings and not quantizes:
+        raise BnfoldError("--quant-encodings needs --quantize-weights, or a pipeline pass "
+                          "that quantizes (it describes the quantized weights)")
     if args.report_overlay == "-":
         raise BnfoldError("--report-overlay writes two files (FILE.json and FILE.output.json); "
                           "give it a file name, not '-'")
@@ -273,6 +284,7 @@ def _run(args: argparse.Namespace, name: str) -> int:
         results = [_process(args, options, name, bound, report, data=chunk)
                    for chunk in _split(_read(args.input))]
         folded = [m for m in results if m is not None]
+        _check_skipped(args, options, folded)
         out = b"// -----\n".join(m.serialize("mlir", **_print_options(args)) for m in folded)
         if len(folded) != len(results):
             # Like mlir-opt: the other chunks are still printed and the exit status
@@ -311,6 +323,47 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.visualize:
         _visualize(args, options)
     return 0
+
+
+def _check_skipped(args: argparse.Namespace, fold_options: FoldOptions,
+                   folded: list[Folded]) -> None:
+    """--skip-func over a split input: each name must be a function of some chunk."""
+    skipped = set(fold_options.skip_functions)
+    if args.pass_pipeline is not None:
+        from bnfold import passes
+
+        for pass_options in passes.pipeline_options(args.pass_pipeline).values():
+            skipped |= set(pass_options.skip_functions)
+    if not skipped:
+        return
+    names = [name for m in folded for name in m.input_functions]
+    try:
+        check_skipped_functions(skipped, names)
+    except OptionError as e:
+        raise e.spelled(cli_spelling if args.pass_pipeline is None else
+                        lambda name: "--pass-pipeline: skip-func") from None
+
+
+def _check_pipeline_flags(args: argparse.Namespace, in_pipeline: dict[int, FoldOptions]) -> None:
+    """With --pass-pipeline, a fold option given as a flag would apply to no pass: it is an
+    error that says how to write it in the pipeline (never silently ignored)."""
+    from bnfold import pass_syntax
+    from bnfold.passes import PASS_SPECS
+
+    given = options.given_on_cli(args)
+    if not given:
+        return
+    options_given = [written.partition("=")[0] for _, written in given]
+    elements = pass_syntax.parse(args.pass_pipeline)
+    target = next((elements[i].name for i in in_pipeline
+                   if set(options_given) <= set(PASS_SPECS[elements[i].name].option_names())),
+                  "bnfold-fold")
+    flags = ", ".join(options.cli_spelling(name) for name, _ in given)
+    raise BnfoldError(f"with --pass-pipeline, the pipeline's passes take the fold options: "
+                      f"{flags} would apply to no pass. Write "
+                      f"{'it' if len(given) == 1 else 'them'} in the pipeline as pass options: "
+                      f"'{target}{{{' '.join(w for _, w in given)}}}'",
+                      location=options.cli_spelling(given[0][0]))
 
 
 def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
@@ -364,9 +417,7 @@ def _overlays(folded: Folded, report: Report, name: str) -> tuple[bytes, bytes]:
     """Model Explorer node data of the input and of the output graph."""
     from bnfold import overlay
 
-    with folded.context:  # before the module is written: it removes the fold's marks
-        after = overlay.output_overlay(folded.module, report)
-    return _json(overlay.input_overlay(report)), _json(after)
+    return _json(overlay.input_overlay(report)), _json(folded.output_nodes or {})
 
 
 def _json(data: Any) -> bytes:
@@ -398,8 +449,11 @@ def _process(args: argparse.Namespace, options: FoldOptions, name: str,
                              bind_function=args.bind_func,
                              allow_unregistered=args.allow_unregistered_dialect,
                              pass_pipeline=args.pass_pipeline,
-                             graph_nodes=bool(args.report_overlay))
+                             graph_nodes=bool(args.report_overlay),
+                             check_skipped=not args.split_input_file)
     except BnfoldError as e:
+        if isinstance(e, OptionError):  # named as the command line spells it
+            e = e.spelled(cli_spelling)
         print(_error_line(e), file=sys.stderr)
         return None
     report.merge(folded.report)
@@ -444,6 +498,30 @@ def _load_params(path: str) -> dict[str | int, Any]:
                           ) from None
 
 
+def _without_input(argv: list[str]) -> list[str]:
+    """`argv` without the input argument (the first positional one), every other argument
+    kept, '-' included (`-o -` stays `-o -`), each quoted for a shell."""
+    actions = build_parser()._option_string_actions
+    takes_value = {s for s, action in actions.items() if action.nargs != 0}
+    kept: list[str] = []
+    value_next = dropped = positional_only = False
+    for arg in argv:
+        if value_next:
+            value_next = False
+        elif positional_only or arg == "-" or not arg.startswith("-"):
+            if not dropped:
+                dropped = True
+                continue
+        elif arg == "--":
+            positional_only = True
+        elif "=" not in arg and (arg in takes_value or (arg.startswith("--") and any(
+                s.startswith(arg) for s in takes_value) and not any(
+                s.startswith(arg) for s in set(actions) - takes_value))):
+            value_next = True
+        kept.append(arg)
+    return [shlex.quote(a) for a in kept]
+
+
 def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:
     """torch-mlir style: keep the input and the traceback, print the exact command."""
     import tempfile  # only after a crash
@@ -462,10 +540,11 @@ def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> s
             dst.write(data)
     with open(os.path.join(directory, "traceback.txt"), "w") as f:
         f.write(trace)
-    flags = [a for a in argv if a not in (args.input, "-")]
+    flags = _without_input(argv)
     saved = "the input and traceback.txt" if data is not None else \
         "traceback.txt; the input could not be saved"
-    command = f"  {PROG} {source if data is not None else args.input} {' '.join(flags)}".rstrip()
+    command = f"  {PROG} {shlex.quote(source if data is not None else args.input)} " \
+        f"{' '.join(flags)}".rstrip()
     return (f"Saved a reproducer in {directory} ({saved}). Reproduce with:\n{command}\n"
             f"Please file it with the traceback: this is a bnfold bug.")
 

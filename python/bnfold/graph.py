@@ -6,6 +6,7 @@ Nothing here caches: facts that change as the IR changes (liveness) live in
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 
 from bnfold.ir import ir
@@ -117,6 +118,18 @@ def symbol_table(module: ir.Module) -> dict[str, ir.Operation]:
 def symbol_table_of(module_op: ir.Operation) -> dict[str, ir.Operation]:
     """`symbol_table` for a `builtin.module` operation."""
     return {symbol_name(f): f for f in functions_in(module_op.regions[0].blocks[0])}
+
+
+def printed_symbol(name: str) -> str:
+    """`@name` as MLIR prints it: quoted unless it is an identifier (`@"<lambda>"`)."""
+    return f"@{name}" if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_$.]*", name) else \
+        '@"' + name.replace("\\", "\\5C").replace('"', "\\22") + '"'
+
+
+def function_list(module: ir.Module) -> str:
+    """The module's functions as MLIR prints their names (for error messages)."""
+    names = [printed_symbol(symbol_name(f)) for f in functions(module)]
+    return ", ".join(names) if names else "none"
 
 
 def lookup_function(module: ir.Module, name: str) -> ir.Operation | None:

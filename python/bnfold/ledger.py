@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from bnfold.report import Equalized, Fold, Quantized, Report, Skip
 from bnfold.rewriter import Handle, Rewriter
 
 NodeRef = tuple[str, str]  # (Model Explorer graph id, node id), see bnfold.overlay
+CARRIED = "bnfold.statistics"  # a producer's statistics, between two bnfold passes
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,46 @@ class Ledger:
     def folds_of(self, producer: ir.Operation) -> list[Fold]:
         """The folds `producer` (or the op it replaced) absorbed."""
         return self._absorbed.get(self._rewriter.handle(producer), [])
+
+    # -- from one pass of a pipeline to the next -------------------------------------------
+
+    def hand_on(self, module: ir.Module) -> None:
+        """Writes each live producer's statistics into a discardable attribute (`CARRIED`),
+        for the next bnfold pass of a pipeline (`take`): a separate run, with its own ledger,
+        whose bias correction or equalization needs the batch norms this run folded."""
+        if not self._statistics:
+            return
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            op = op.operation
+            handle = self._rewriter.handles.get(op)
+            stats = self._statistics.get(handle) if handle is not None else None
+            if stats is not None and not self._rewriter.is_replaced(op):
+                arrays = {"mean": stats.mean, "spread": stats.spread}
+                if stats.offset is not None:
+                    arrays["offset"] = stats.offset
+                op.attributes[CARRIED] = ir.DictAttr.get(
+                    {k: ir.DenseElementsAttr.get(cast(Any, np.ascontiguousarray(v, np.float64)))
+                     for k, v in arrays.items()})
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+
+    def take(self, module: ir.Module) -> None:
+        """Reads (and removes) the statistics an earlier pass handed on (`hand_on`)."""
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            op = op.operation
+            if CARRIED in op.attributes:
+                attrs = ir.DictAttr(op.attributes[CARRIED])
+                arrays = {k: np.array(ir.DenseElementsAttr(attrs[k]), np.float64)
+                          for k in ("mean", "spread", "offset") if k in attrs}
+                del op.attributes[CARRIED]
+                self.set_statistics(op, Statistics(arrays["mean"], arrays["spread"],
+                                                   arrays.get("offset")))
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
 
     # -- the rewriter's listener ------------------------------------------------------------
 

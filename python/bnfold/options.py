@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import argparse
 import enum
-from collections.abc import Callable, Collection, Iterable, Mapping
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
@@ -58,8 +59,10 @@ class FoldOptions:
 
     disable: pattern names not to run (see `pattern_names()`); a single name
         or a comma-separated string is accepted too.
-    skip_functions: functions (without "@") left alone: not folded, not
-        inlined into their callers, not removed.
+    skip_functions: functions left alone: not folded, not inlined into their
+        callers, not removed; named as they are (`<lambda>`) or as MLIR prints
+        them (`@"<lambda>"`). A name that is no function of the module is an
+        error that lists its functions.
     expand_batch_norm: rewrite every batch_norm_inference that did not fold
         into multiply + add (for back ends and the reference interpreter).
     pad_uniform_shift: fold a uniform shift (Keras Rescaling) through a
@@ -137,6 +140,7 @@ class FoldOptions:
         for f in fields(self):
             if _meta(f.name).kind is Kind.NAMES:
                 object.__setattr__(self, f.name, _names(getattr(self, f.name)))
+        object.__setattr__(self, "skip_functions", frozenset(map(symbol, self.skip_functions)))
         _validate(self)
 
     @property
@@ -168,25 +172,51 @@ def _names(value: str | Iterable[str]) -> frozenset[str]:
     return frozenset(n.strip() for n in value if n.strip())
 
 
+def symbol(name: str) -> str:
+    """A function's name as MLIR prints it (`@main`, `"<lambda>"`, `@"<lambda>"`) or as
+    it is (`main`, `<lambda>`) -> the name itself."""
+    name = name.strip()
+    if name.startswith("@"):
+        name = name[1:]
+    if len(name) >= 2 and name[0] == name[-1] == '"':
+        name = re.sub(r'\\([0-9A-Fa-f]{2}|["\\])',
+                      lambda m: m.group(1) if len(m.group(1)) == 1 else chr(int(m.group(1), 16)),
+                      name[1:-1])
+    return name
+
+
 # --- validation -------------------------------------------------------------------
 
 Spelling = Callable[[str], str]  # a field's name -> how the user wrote it
 
 
-class OptionError(BnfoldError):
-    """A bad value of option `field`; `template` may name other options as `{field_name}`.
-    Both are spelled as the user wrote them (`spelled`)."""
+@dataclass(frozen=True)
+class Ref:
+    """Another option, named in an `OptionError`'s message as the user spells it."""
 
-    def __init__(self, template: str, spelling: Spelling = lambda name: name, *,
+    field: str
+
+
+Message = str | Sequence[str | Ref]
+
+
+class OptionError(BnfoldError):
+    """A bad value of option `field`. The message is literal text and `Ref`s to other
+    options; both the refs and `field` are spelled as the user wrote them (`spelled`).
+    Nothing is formatted over the text: a value the user typed (`--disable 'a}'`) is
+    quoted as it is."""
+
+    def __init__(self, message: Message, spelling: Spelling = lambda name: name, *,
                  field: str | None = None) -> None:
-        self.template = template
+        self.parts: tuple[str | Ref, ...] = (message,) if isinstance(message, str) \
+            else tuple(message)
         self.field = field
-        names = {name: spelling(name) for name in _FIELDS}
-        super().__init__(template.format(**names),
+        super().__init__("".join(p if isinstance(p, str) else spelling(p.field)
+                                 for p in self.parts),
                          location=spelling(field) if field is not None else None)
 
     def spelled(self, spelling: Spelling) -> OptionError:
-        return OptionError(self.template, spelling, field=self.field)
+        return OptionError(self.parts, spelling, field=self.field)
 
 
 def _validate(options: FoldOptions) -> None:
@@ -203,7 +233,7 @@ def _validate(options: FoldOptions) -> None:
             raise OptionError(f"'{value}' is not one of " + ", ".join(meta.choices), field=name)
         if meta.requires and value != _FIELDS[name].default and value and \
                 not getattr(options, meta.requires):
-            raise OptionError("it needs {" + meta.requires + "} too (it works on its result)",
+            raise OptionError(["it needs ", Ref(meta.requires), " too (it works on its result)"],
                               field=name)
 
 
@@ -241,6 +271,25 @@ def from_cli(args: argparse.Namespace, **derived: Any) -> FoldOptions:
         raise e.spelled(cli_spelling) from None
 
 
+def given_on_cli(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """Each option the command line set, as (field name, its pass-option spelling with the
+    value: `equalize=true`, `disable=a,b`), in the schema's order."""
+    given = []
+    for name in _FIELDS:
+        meta = _meta(name)
+        value = getattr(args, name, None) if meta.flag is not None else None
+        if not value:
+            continue
+        if meta.kind is Kind.FLAG:
+            text = "true"
+        elif meta.kind is Kind.NAMES:
+            text = ",".join(sorted(_names(value)))
+        else:
+            text = str(value)
+        given.append((name, f"{meta.pass_option}={text}"))
+    return given
+
+
 # --- pass pipelines -----------------------------------------------------------------
 
 
@@ -266,31 +315,50 @@ class PassSpec:
         option = _meta(name).pass_option
         return f"{self.name}{{{option}}}" if option is not None else f"{self.name}"
 
-    def options(self, given: Mapping[str, str]) -> FoldOptions:
-        """FoldOptions from `{option: text}` as written in the pipeline; raises OptionError."""
+    def options(self, given: Mapping[str, str | Sequence[str] | None]) -> FoldOptions:
+        """FoldOptions from `{option: value}` as written in the pipeline: a string, a list
+        (`disable=a,b`, parsed by `bnfold.pass_syntax`) or None (the option without a value:
+        `{equalize}`); raises OptionError."""
         by_option = {_meta(n).pass_option: n for n in _FIELDS if self._takes(n)}
         unknown = sorted(set(given) - set(by_option))
         if unknown:
             raise OptionError(f"{self.name} has no option {', '.join(unknown)}; its options: "
                               f"{', '.join(sorted(o for o in by_option if o))}")
         values: dict[str, Any] = {**self.defaults, **self.fixed}
-        for option, text in given.items():
+        for option, value in given.items():
             name = by_option[option]
-            values[name] = _parse(name, text, self)
+            values[name] = _parse(name, value, self)
         try:
             return FoldOptions(**values)
         except OptionError as e:
             raise e.spelled(self.spelling) from None
 
 
-def _parse(name: str, text: str, spec: PassSpec) -> Any:
+def _parse(name: str, value: str | Sequence[str] | None, spec: PassSpec) -> Any:
     meta = _meta(name)
+    option = meta.pass_option
+    if meta.kind is Kind.NAMES:
+        if value is None:
+            raise OptionError(f"it needs a value: {option}=NAME or {option}=NAME,NAME",
+                              spec.spelling, field=name)
+        return value  # split by FoldOptions
+    if value is not None and not isinstance(value, str):
+        if len(value) != 1:
+            raise OptionError(f"it takes one value, not the list {','.join(value)}",
+                              spec.spelling, field=name)
+        value = value[0]
     if meta.kind is Kind.FLAG:
-        flag = text.lower()
+        if value is None:  # `{equalize}`: MLIR's spelling of true
+            return True
+        flag = value.lower()
         if flag not in ("true", "false", "1", "0"):
-            raise OptionError(f"'{text}' is not true or false", spec.spelling, field=name)
+            raise OptionError(f"'{value}' is not true or false", spec.spelling, field=name)
         return flag in ("true", "1")
-    return text  # NAMES are split by FoldOptions; CHOICE is checked by its validation
+    if value is None:
+        example = "int8" if "int8" in meta.choices else meta.choices[0]
+        raise OptionError(f"it needs a value: {option}={example} (one of "
+                          f"{', '.join(meta.choices)})", spec.spelling, field=name)
+    return value  # CHOICE is checked by its validation
 
 
 def with_changes(options: FoldOptions, **changes: Any) -> FoldOptions:

@@ -15,7 +15,9 @@ From Python, with any jaxlib `PassManager` (jaxlib accepts Python-defined passes
 bnfold's passes (`bnfold.patterns.PASSES`: `bnfold-fold`,
 `bnfold-expand-batch-norm`, `bnfold-equalize`) take every option of the
 schema (`bnfold.options`) as a pass option, except those the pass fixes:
-`bnfold-fold{disable=forward-affine skip-func=encoder pad-uniform-shift=true}`.
+`bnfold-fold{disable=forward-affine skip-func=encoder pad-uniform-shift=true}`,
+read with MLIR's pass-option grammar (`bnfold.pass_syntax`: quoted values,
+braced lists, errors with their column).
 Every other element goes to MLIR as text, so the upstream and StableHLO
 passes jaxlib registers work as in mlir-opt (StableHLO's are registered on
 first use). Note that jaxlib's `inline` pass is registered but inlines
@@ -25,19 +27,21 @@ itself (see the inline-calls pattern).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from bnfold import pass_syntax
 from bnfold.errors import BnfoldError
 from bnfold.ir import format_diagnostics, ir, passmanager, register_passes
-from bnfold.options import FoldOptions, OptionError, PassSpec
-from bnfold.patterns import PASSES
+from bnfold.options import FoldOptions, Kind, Meta, OptionError, PassSpec
+from bnfold.patterns import PASSES, pattern_names
 from bnfold.pipeline import fold_module
 from bnfold.report import Report
 
 UPSTREAM_EXAMPLES = ("canonicalize", "cse", "symbol-dce", "sccp", "inline",
                      "stablehlo-refine-shapes", "stablehlo-legalize-to-vhlo")
 _BY_NAME = {spec.name: spec for spec in PASSES}
+PASS_SPECS = _BY_NAME  # bnfold's passes by pipeline name
 
 
 @dataclass
@@ -64,12 +68,25 @@ class FoldPass:
     graph_nodes: bool = False
     report: Report = field(default_factory=Report)
     error: BnfoldError | None = None
+    # An earlier bnfold pass of the pipeline hands its statistics on; a later one takes them.
+    take_statistics: bool = False
+    hand_on_statistics: bool = False
+    argument: str = "bnfold-fold"  # the pass's name in the pipeline
+    check_skipped: bool = True  # skip-func must name functions of the module
 
     def __call__(self, op: Any, pass_: Any) -> None:
         try:
             self.report.merge(fold_module(ModuleView(op.operation), self.options,  # type: ignore[arg-type]
                                           source_name=self.source_name,
-                                          graph_nodes=self.graph_nodes))
+                                          graph_nodes=self.graph_nodes,
+                                          take_statistics=self.take_statistics,
+                                          hand_on_statistics=self.hand_on_statistics,
+                                          check_skipped=self.check_skipped))
+        except OptionError as e:  # named as the pipeline spells it
+            spelled = e.spelled(_BY_NAME.get(self.argument, _BY_NAME["bnfold-fold"]).spelling)
+            self.error = BnfoldError(spelled.message,
+                                     location=f"--pass-pipeline: {spelled.location}")
+            pass_.signal_pass_failure()
         except BnfoldError as e:
             self.error = e
             pass_.signal_pass_failure()
@@ -79,7 +96,7 @@ def add_fold(pm: passmanager.PassManager, options: FoldOptions | None = None, *,
              argument: str = "bnfold-fold", source_name: str | None = None,
              graph_nodes: bool = False) -> FoldPass:
     """Adds bnfold's fold to `pm` (at the module level); returns it for its report."""
-    fold = FoldPass(options or FoldOptions(), source_name, graph_nodes)
+    fold = FoldPass(options or FoldOptions(), source_name, graph_nodes, argument=argument)
     spec = _BY_NAME.get(argument, _BY_NAME["bnfold-fold"])
     # A generic operation pass, added to a module-anchored pass manager: it
     # runs on the module op itself.
@@ -88,14 +105,15 @@ def add_fold(pm: passmanager.PassManager, options: FoldOptions | None = None, *,
 
 
 def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = None,
-                 graph_nodes: bool = False) -> Report:
+                 graph_nodes: bool = False, check_skipped: bool = True) -> Report:
     """Runs a textual pipeline mixing bnfold's passes with MLIR's; returns bnfold's report.
 
     With `graph_nodes` (Model Explorer node data), the pipeline must start with a bnfold
     pass: node ids describe the input as that pass received it."""
     register_passes()
-    elements = split_pipeline(pipeline)
-    if graph_nodes and _name_and_options(elements[0])[0] not in _BY_NAME:
+    elements = pass_syntax.parse(pipeline)
+    bnfold_options = pipeline_options(pipeline, elements)
+    if graph_nodes and (not elements or elements[0].name not in _BY_NAME):
         raise BnfoldError("--report-overlay describes the input's nodes: the pipeline must "
                           f"start with one of bnfold's passes ({', '.join(_BY_NAME)})",
                           location="--pass-pipeline")
@@ -104,22 +122,25 @@ def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = 
     with module.context:
         pm = passmanager.PassManager("builtin.module")
         for index, element in enumerate(elements):
-            name, given = _name_and_options(element)
-            if name.startswith("func.func(") and "bnfold-" in name:
-                raise BnfoldError(f"'{element}': bnfold's passes run on modules (they inline "
-                                  "across functions); write them at the top level, e.g. "
-                                  "'builtin.module(bnfold-fold)'", location="--pass-pipeline")
-            if name in _BY_NAME:
-                folds.append(add_fold(pm, _pass_options(_BY_NAME[name], given), argument=name,
-                                      source_name=source_name,
-                                      graph_nodes=graph_nodes and index == 0))
+            if element.name in _BY_NAME:
+                fold = add_fold(pm, bnfold_options[index], argument=element.name,
+                                source_name=source_name, graph_nodes=graph_nodes and index == 0)
+                # What one pass hands the next (the folded batch norms' statistics, for
+                # bias correction, equalization and high-bias absorption) survives.
+                fold.take_statistics = bool(folds)
+                fold.check_skipped = check_skipped
+                fold.hand_on_statistics = index < max(bnfold_options)
+                folds.append(fold)
                 continue
             try:
-                pm.add(element)
+                pm.add(element.text)
             except ValueError as e:
-                raise BnfoldError(f"{_first_line(e)}; bnfold's passes: {', '.join(_BY_NAME)}; "
-                                  f"MLIR's include {', '.join(UPSTREAM_EXAMPLES)} (any pass "
-                                  f"jaxlib registers)", location="--pass-pipeline") from None
+                message = _first_line(e)
+                if "does not refer to a registered pass" in message:
+                    message += (f"; bnfold's passes: {', '.join(_BY_NAME)}; MLIR's include "
+                                f"{', '.join(UPSTREAM_EXAMPLES)} (any pass jaxlib registers)")
+                raise BnfoldError(message + pass_syntax.point_at(pipeline, element.at),
+                                  location="--pass-pipeline") from None
         try:
             pm.run(module.operation)
         except ir.MLIRError as e:
@@ -133,49 +154,77 @@ def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = 
     return report
 
 
-def _pass_options(spec: PassSpec, given: dict[str, str]) -> FoldOptions:
+def pipeline_options(pipeline: str, elements: list[pass_syntax.Element] | None = None
+                     ) -> dict[int, FoldOptions]:
+    """The options of each bnfold pass of `pipeline`, by its index among the top-level
+    elements; raises BnfoldError (with the column) for a syntax error, a bnfold pass nested
+    in an op anchor, or a bad option."""
+    if elements is None:
+        elements = pass_syntax.parse(pipeline)
+    found: dict[int, FoldOptions] = {}
+    for index, element in enumerate(elements):
+        for inner in element.walk()[1:]:
+            if inner.name in _BY_NAME:
+                raise BnfoldError(f"'{inner.name}' inside '{element.name}(...)': bnfold's passes "
+                                  "run on modules (they inline across functions); write them "
+                                  "at the top level, e.g. 'builtin.module(bnfold-fold)'"
+                                  + pass_syntax.point_at(pipeline, inner.at),
+                                  location="--pass-pipeline")
+        if element.name in _BY_NAME:
+            found[index] = _pass_options(_BY_NAME[element.name], element, pipeline)
+    return found
+
+
+def _pass_options(spec: PassSpec, element: pass_syntax.Element, pipeline: str) -> FoldOptions:
+    """The options of one bnfold pass; an error points at the option it is about."""
+    taken = spec.option_names()
+    lists = {m.pass_option for m in _metas() if m.kind is Kind.NAMES}
+    given: dict[str, str | tuple[str, ...] | None] = {}
+    by_key: dict[str, pass_syntax.Option] = {}
+    for option in element.options:
+        if option.key not in taken:
+            raise BnfoldError(f"{spec.name} has no option '{option.key}'; its options: "
+                              f"{', '.join(sorted(taken))}"
+                              + pass_syntax.point_at(pipeline, option.at),
+                              location="--pass-pipeline")
+        items = tuple(item.text for item in option.items)
+        if option.key in given and not (option.key in lists and option.value is not None):
+            raise BnfoldError(f"{spec.name}: option '{option.key}' is given twice"
+                              + pass_syntax.point_at(pipeline, option.at),
+                              location="--pass-pipeline")
+        # A list option given twice is one list (as `--skip-func a --skip-func b`).
+        given[option.key] = None if option.value is None else \
+            (*(given.get(option.key) or ()), *items)
+        by_key.setdefault(option.key, option)
     try:
         return spec.options(given)
     except OptionError as e:
         where = f"--pass-pipeline: {e.location}" if e.location else "--pass-pipeline"
-        raise BnfoldError(e.message, location=where) from None
+        at = element.at
+        key = _pass_option(e.field) if e.field is not None else None
+        if key in by_key:
+            at = by_key[key].value_at
+        if e.field == "disable":  # at the first unknown name
+            at = next((item.at for o in element.options if o.key == key for item in o.items
+                       if item.text not in pattern_names()), at)
+        raise BnfoldError(e.message + pass_syntax.point_at(pipeline, at), location=where
+                          ) from None
+
+
+def _metas() -> list[Meta]:
+    return [f.metadata["bnfold"] for f in fields(FoldOptions)]
+
+
+def _pass_option(name: str) -> str | None:
+    option: str | None = next(f.metadata["bnfold"].pass_option for f in fields(FoldOptions)
+                              if f.name == name)
+    return option
 
 
 def split_pipeline(pipeline: str) -> list[str]:
-    """The top-level elements of `builtin.module(a,b{x=1,y=2},func.func(c))`."""
-    text = pipeline.strip()
-    if text.startswith("builtin.module(") and text.endswith(")"):
-        text = text[len("builtin.module("):-1]
-    elements, depth, start = [], 0, 0
-    for i, ch in enumerate(text):
-        if ch in "({":
-            depth += 1
-        elif ch in ")}":
-            depth -= 1
-            if depth < 0:
-                raise BnfoldError(f"unbalanced '{ch}' in '{pipeline}'", location="--pass-pipeline")
-        elif ch == "," and depth == 0:
-            elements.append(text[start:i].strip())
-            start = i + 1
-    if depth != 0:
-        raise BnfoldError(f"unbalanced brackets in '{pipeline}'", location="--pass-pipeline")
-    elements.append(text[start:].strip())
-    if not all(elements):
-        raise BnfoldError(f"empty pass in '{pipeline}'", location="--pass-pipeline")
-    return elements
-
-
-def _name_and_options(element: str) -> tuple[str, dict[str, str]]:
-    if "{" not in element or element.index("{") > element.find("(") >= 0:
-        return element, {}
-    name, _, rest = element.partition("{")
-    body = rest.rstrip("}")
-    given: dict[str, str] = {}
-    for item in body.split():
-        key, _, value = item.partition("=")
-        given[key] = value or "true"
-    return name.strip(), given
+    """The top-level elements of `builtin.module(a,b{x=1 y=2},func.func(c))`, as written."""
+    return [element.text for element in pass_syntax.parse(pipeline)]
 
 
 def _first_line(error: Exception) -> str:
-    return str(error).splitlines()[0]
+    return next((line for line in str(error).splitlines() if line.strip()), "invalid pass")

@@ -17,17 +17,18 @@ jax.export hook and the tests).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from bnfold import driver
 from bnfold.analysis import Analysis
 from bnfold.binding import bind_arguments
 from bnfold.errors import BnfoldError
+from bnfold.graph import functions, printed_symbol, symbol_name
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger
-from bnfold.options import FoldOptions
+from bnfold.options import FoldOptions, OptionError
 from bnfold.patterns import pattern_names
 from bnfold.report import Report
 from bnfold.rewriter import Rewriter
@@ -45,6 +46,10 @@ class Folded:
     module: ir.Module
     context: ir.Context
     report: Report
+    input_functions: list[str] = field(default_factory=list)  # the input's, before folding
+    # With `graph_nodes`: Model Explorer node data of the output graph (each producer that
+    # absorbed folds, `bnfold.overlay.output_overlay`); the module itself carries no marks.
+    output_nodes: dict[str, Any] | None = None
 
     def serialize(self, fmt: Format = "mlir", **kwargs: Any) -> bytes:
         with self.context:
@@ -55,7 +60,8 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
                 name: str = "<input>", options: FoldOptions | None = None,
                 bindings: Bindings | None = None,
                 bind_function: str = "main", allow_unregistered: bool = False,
-                pass_pipeline: str | None = None, graph_nodes: bool = False) -> Folded:
+                pass_pipeline: str | None = None, graph_nodes: bool = False,
+                check_skipped: bool = True) -> Folded:
     """The one pipeline: parse -> bind -> fold -> verify (-> report, write by the caller).
 
     Reads `data` (text, bytecode or a portable artifact) or the file at
@@ -63,8 +69,10 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     `bind_function` (by `argN`, name or index) to values, or is a function of
     the parsed module returning that mapping. `pass_pipeline` (a textual
     pipeline, see `bnfold.passes`) replaces the default fold. `graph_nodes`
-    records Model Explorer node ids for `bnfold.overlay`. Raises `BnfoldError`
-    for bad input.
+    records Model Explorer node ids for `bnfold.overlay` (the report's input nodes,
+    and `Folded.output_nodes`; the output module carries no marks). `check_skipped=False`
+    lets `options.skip_functions` name functions this module lacks (the CLI checks
+    them over every chunk of a split input). Raises `BnfoldError` for bad input.
     """
     context = make_context(allow_unregistered=allow_unregistered)
     if path is not None:
@@ -74,29 +82,42 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     else:
         raise BnfoldError("fold_source needs data or a path")
     with context, ir.Location.unknown():
+        input_functions = _function_names(module)
         values = bindings(module) if callable(bindings) else bindings
         if values:
             bind_arguments(module, values, function=bind_function, source_name=name)
         if pass_pipeline is None:
-            report = fold_module(module, options, source_name=name, graph_nodes=graph_nodes)
+            report = fold_module(module, options, source_name=name, graph_nodes=graph_nodes,
+                                 check_skipped=check_skipped)
         else:  # bnfold's passes and MLIR's, as the pipeline says
             from bnfold.passes import run_pipeline
 
-            report = run_pipeline(module, pass_pipeline, source_name=name, graph_nodes=graph_nodes)
-    return Folded(module, context, report)
+            report = run_pipeline(module, pass_pipeline, source_name=name, graph_nodes=graph_nodes,
+                                  check_skipped=check_skipped)
+        output_nodes = None
+        if graph_nodes:  # the marks the fold left on producers go into the node data
+            from bnfold import overlay
+
+            output_nodes = overlay.output_overlay(module, report)
+    return Folded(module, context, report, input_functions, output_nodes)
 
 
 def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
                 source_name: str | None = None, cleanup: bool = True,
-                graph_nodes: bool = False) -> Report:
+                graph_nodes: bool = False, take_statistics: bool = False,
+                hand_on_statistics: bool = False, check_skipped: bool = True) -> Report:
     """Folds normalizations in `module` in place and returns the report.
 
     `cleanup=False` leaves the dead producers and chains in place (for
     debugging and for tests of the rewrite rules). `graph_nodes` records, on
     each fold and skip, the Model Explorer nodes of its ops in the input, and
     marks the producers that absorbed folds in the output (`bnfold.overlay`).
-    Raises `BnfoldError` if the module does not verify afterwards (a bnfold
-    bug: please file the reproducer).
+    `take_statistics` and `hand_on_statistics` carry the folded batch norms'
+    statistics from one bnfold pass of a pipeline to the next (in a discardable
+    attribute on each producer that the next pass reads and removes), so that
+    `bnfold-fold,bnfold-quantize-weights{bias-correction=true}` corrects what one
+    run corrects. Raises `BnfoldError` if the module does not verify afterwards
+    (a bnfold bug: please file the reproducer).
     """
     options = options or FoldOptions()
     rewriter = Rewriter()
@@ -106,12 +127,18 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
             from bnfold import overlay  # only --report-overlay needs it
 
             nodes = overlay.input_nodes(module, rewriter)
+        if options.skip_functions and check_skipped:
+            check_skipped_functions(options.skip_functions, _function_names(module))
         ledger = Ledger(rewriter, source_name, nodes)
+        if take_statistics:
+            ledger.take(module)
         ctx = driver.Context(module, options, rewriter, Analysis(module, rewriter), ledger)
         driver.run(ctx)
         report = ledger.report()
         if graph_nodes:
             overlay.mark_output(module, rewriter, ledger)
+        if hand_on_statistics:
+            ledger.hand_on(module)
         rewriter.finish(module, remove_dead=cleanup)
         try:
             module.operation.verify()
@@ -120,3 +147,18 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
                               f"bnfold bug):\n{format_diagnostics(e, source_name or '-')}",
                               preformatted=True) from None
     return report
+
+
+def _function_names(module: ir.Module) -> list[str]:
+    return [symbol_name(f) for f in functions(module)]
+
+
+def check_skipped_functions(skipped: Iterable[str], names: Iterable[str]) -> None:
+    """A function to skip that is not among `names` is an error (never a silent no-op: the
+    helper the user meant would be inlined and removed); it lists the functions there are."""
+    present = list(dict.fromkeys(names))
+    missing = sorted(set(skipped) - set(present))
+    if missing:
+        there = ", ".join(map(printed_symbol, present)) or "none"
+        raise OptionError(f"the module has no function {', '.join(map(printed_symbol, missing))}"
+                          f"; its functions: {there}", field="skip_functions")

@@ -58,8 +58,7 @@ def prepare(source: str | Path, directory: str | Path | None = None,
                 where / f"{source.stem}.input.nodedata.json",
                 where / f"{source.stem}.folded.nodedata.json")
     shutil.copyfile(source, view.input)
-    with folded.context:  # first: it removes the marks the fold left on producers
-        after = overlay.output_overlay(folded.module, folded.report)
+    after = folded.output_nodes or {}
     view.output.write_bytes(folded.serialize("bytecode" if ext == "mlirbc" else "mlir"))
     view.input_overlay.write_text(json.dumps(overlay.input_overlay(folded.report), indent=1))
     view.output_overlay.write_text(json.dumps(after, indent=1))
