@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -252,3 +255,91 @@ def test_fold_exported_with_equalization_keeps_a_working_exported():
     expected = np.asarray(exported.call(params, x))
     for got in (folded.call(x), jax.export.deserialize(folded.serialize()).call(x)):
         support.numerics.check_close([np.asarray(got)], [expected], "f32")
+
+
+# --- a serialized Exported through the command line (issue 32 item 1) -----------------------
+
+
+def _saved_export(tmp_path, name="conv_bn_nhwc"):
+    fn, params, x, _ = MODELS[name]
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    source = tmp_path / "exported.bin"
+    source.write_bytes(exported.serialize())
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    np.savez(tmp_path / "params.npz", **{f"params{jax.tree_util.keystr(path)}": np.asarray(leaf)
+                                         for path, leaf in leaves})
+    return exported, params, x, source
+
+
+def test_cli_folds_a_serialized_exported_into_one_that_deserializes(tmp_path):
+    """What a JAX team saves (Exported.serialize()) in, a serialized Exported out (the
+    default for such input): it deserializes, calls, jits and serializes again, and its
+    numbers match the original's on XLA."""
+    from bnfold.cli import main
+
+    exported, params, x, source = _saved_export(tmp_path)
+    out = tmp_path / "folded.bin"
+    assert main([str(source), "-o", str(out), "-q", "--bind-params",
+                 str(tmp_path / "params.npz")]) == 0
+    folded = jax.export.deserialize(bytearray(out.read_bytes()))
+    assert len(folded.in_avals) == 1 and folded.in_tree == jax.tree_util.tree_structure(((x,), {}))
+    assert not [n for n in _op_names(folded) if n in NORM_OPS]
+    expected = np.asarray(exported.call(params, x))
+    for got in (folded.call(x), jax.jit(folded.call)(x)):
+        support.numerics.check_close([np.asarray(got)], [expected], "f32")
+    again = jax.export.deserialize(folded.serialize())
+    support.numerics.check_close([np.asarray(again.call(x))], [expected], "f32")
+    # --emit mlir of the same input: the folded StableHLO module as text (not VHLO)
+    text = tmp_path / "folded.mlir"
+    assert main([str(source), "-o", str(text), "-q", "--emit", "mlir", "--bind-params",
+                 str(tmp_path / "params.npz")]) == 0
+    support.numerics.check_close(support.numerics.run_xla(text.read_text(), [x]), [expected],
+                                 "f32")
+
+
+def test_cli_exported_from_stdin_without_params_folds_nothing_but_stays_an_exported(tmp_path):
+    exported, params, x, source = _saved_export(tmp_path)
+    out = tmp_path / "same.bin"
+    proc = subprocess.run([sys.executable, "-m", "bnfold", "-", "-o", str(out)],
+                          input=source.read_bytes(), capture_output=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert b"--bind-params" in proc.stderr  # the report says to bind the parameters
+    restored = jax.export.deserialize(bytearray(out.read_bytes()))
+    support.numerics.check_close([np.asarray(restored.call(params, x))],
+                                 [np.asarray(exported.call(params, x))], "f32")
+
+
+def test_cli_exported_errors(tmp_path, capsys):
+    from bnfold.cli import main
+
+    exported, params, x, source = _saved_export(tmp_path)
+    # part of a positional argument bound: the rebuilt Exported could not drop it
+    np.savez(tmp_path / "part.npz", **{"params['conv']": params["conv"]})
+    out = tmp_path / "o.bin"
+    assert main([str(source), "-o", str(out), "--bind-params", str(tmp_path / "part.npz")]) == 1
+    err = capsys.readouterr().err
+    assert "bound in part" in err and "['bn']['mean']" in err and str(source) in err
+    assert not out.exists()
+    # --emit exported of a module that is not an Exported
+    assert main([str(support.TESTDATA / "conv2d_nhwc_bn.mlir"), "-o", str(out), "--emit",
+                 "exported"]) == 1
+    assert "--emit exported needs a serialized jax.export.Exported" in capsys.readouterr().err
+    # garbage names the formats bnfold reads
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(256)) * 4)
+    assert main([str(garbage), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "serialized jax.export.Exported" in err and "MLIR bytecode" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+# --- what the Python API says about a wrong argument (issue 32 item 6) ----------------------
+
+
+def test_fold_exported_accepts_serialized_bytes():
+    fn, params, x, _ = MODELS["conv_bn_nhwc"]
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    folded, report = fold_exported(exported.serialize(), params)
+    assert len(report.folds) == 1
+    support.numerics.check_close([np.asarray(folded.call(x))],
+                                 [np.asarray(exported.call(params, x))], "f32")

@@ -103,7 +103,7 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
     problems: list[str] = []
     misses: list[str] = []
     for key, value in values.items():
-        index = _resolve(key, names)
+        index = resolve(key, names)
         if index is None:
             misses.append(f"'{key}'")
             continue
@@ -170,7 +170,8 @@ def propagate_constants(module: ir.Module, func: ir.Operation, _depth: int = 0) 
 
 
 
-def _resolve(key: str | int, names: list[set[str]]) -> int | None:
+def resolve(key: str | int, names: list[set[str]]) -> int | None:
+    """The index of the argument `key` names (an index, argN, or one of its names)."""
     if isinstance(key, int):
         return key if 0 <= key < len(names) else None
     for i, aliases in enumerate(names):

@@ -37,7 +37,9 @@ passes (for --pass-pipeline; options as name=value in braces):
 examples:
   bnfold-opt model.mlir                        print the folded module, summary on stderr
   bnfold-opt model.mlir -o folded.mlirbc --emit bytecode
-  bnfold-opt exported.bin --emit portable -o folded.bin   (jax.export artifacts)
+  bnfold-opt exported.bin --bind-params params.npz -o folded.bin
+                         (a serialized jax.export.Exported in, one out: jax.export.deserialize reads it)
+  bnfold-opt model.mlir --emit portable -o folded.vhlo    (a StableHLO portable artifact)
   bnfold-opt model.mlir --report report.json --report-params stats.npz
   bnfold-opt model.mlir -o folded.mlir --report-overlay folds.json   (Model Explorer node data)
   bnfold-opt model.mlir -o folded.mlir --visualize     (both graphs in Model Explorer; bnfold[viz])
@@ -93,15 +95,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     parser.add_argument("input", nargs="?", default="-", metavar="INPUT",
-                        help="MLIR text, MLIR bytecode or a StableHLO portable artifact "
-                             "(format detected); '-' or omitted reads stdin")
+                        help="MLIR text, MLIR bytecode, a StableHLO portable artifact or a "
+                             "serialized jax.export.Exported (Exported.serialize(); format "
+                             "detected); '-' or omitted reads stdin")
     parser.add_argument("-o", "--output", default="-", metavar="OUTPUT",
                         help="where to write the folded module ('-', the default: stdout); "
                              "a file is replaced atomically (a symlink's target, keeping its "
                              "mode), a FIFO or device is written directly")
-    parser.add_argument("--emit", choices=("mlir", "bytecode", "portable"), default="mlir",
-                        help="output format: MLIR text (default), MLIR bytecode, or a "
-                             "StableHLO portable artifact (VHLO bytecode, as jax.export writes)")
+    parser.add_argument("--emit", choices=("mlir", "bytecode", "portable", "exported"),
+                        default=None,
+                        help="output format: MLIR text (the default for MLIR input), MLIR "
+                             "bytecode, a StableHLO portable artifact (VHLO bytecode, the "
+                             "module inside a jax.export.Exported), or a serialized "
+                             "jax.export.Exported (the default for such input; "
+                             "jax.export.deserialize reads it)")
     parser.add_argument("--target-version", metavar="V",
                         help="StableHLO version for --emit portable, e.g. 1.0.0 "
                              "(default: the current version)")
@@ -238,6 +245,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
     from bnfold import ir as bir
 
     options = _options(args)
+    emit_default = args.emit is None
+    args.emit = args.emit or "mlir"
     if args.split_input_file and args.emit != "mlir":
         raise BnfoldError("--split-input-file works with --emit mlir only")
     if args.target_version and args.emit != "portable":
@@ -282,8 +291,21 @@ def _run(args: argparse.Namespace, name: str) -> int:
                 sys.stdout.buffer.flush()
             return 1
     else:
-        if args.input == "-":
-            module = _process(args, options, name, bound, report, data=_read("-"))
+        folded_exported: tuple[Any, Folded] | None = None
+        data = _read("-") if args.input == "-" else _exported_file(args.input)
+        if data is not None and _is_exported(data):
+            folded_exported = _process_exported(args, options, name, bound, report,
+                                                data, emit_default)
+            module = folded_exported[1] if folded_exported else None
+        elif args.emit == "exported":
+            if args.input != "-":
+                _read(args.input)  # a missing file says so first
+            raise BnfoldError("--emit exported needs a serialized jax.export.Exported as input "
+                              "(the bytes of Exported.serialize()); for a module use --emit "
+                              "portable (the StableHLO artifact inside an Exported)",
+                              location=name)
+        elif args.input == "-":
+            module = _process(args, options, name, bound, report, data=data)
         else:
             if not os.path.exists(args.input) or os.path.isdir(args.input):
                 _read(args.input)  # raises the "cannot read" error
@@ -291,6 +313,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
         if module is None:
             return 1
         out = functools.partial(_write_module, module, args)
+        if args.emit == "exported" and folded_exported:
+            out = bytes(folded_exported[0].serialize())
         if args.report_overlay:
             overlays = _overlays(module, report, name)
     outputs.set_data("-o", out)
@@ -373,6 +397,54 @@ def _json(data: Any) -> bytes:
     import json  # only for --report-overlay (start-up time)
 
     return (json.dumps(data, indent=1) + "\n").encode()
+
+
+def _exported_file(path: str) -> bytes | None:
+    """The file's bytes when its start looks like a serialized jax.export.Exported (a
+    flatbuffer, not MLIR); None otherwise (MLIR reads the file itself)."""
+    from bnfold import ir as bir
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            if not bir.looks_like_exported(head, head_only=True):
+                return None
+            return head + f.read()
+    except OSError:
+        return None  # the MLIR path reports it
+
+
+def _is_exported(data: bytes) -> bool:
+    from bnfold import ir as bir
+
+    return bir.looks_like_exported(data)
+
+
+def _process_exported(args: argparse.Namespace, options: FoldOptions, name: str,
+                      bound: dict[str | int, Any] | None, report: Report, data: bytes,
+                      emit_default: bool) -> tuple[Any, Folded] | None:
+    """A serialized jax.export.Exported: binds (--bind-params by @main's argument names),
+    folds and rebuilds it (`bnfold.jax_export.fold_serialized`); `--emit exported` (the
+    default here) writes the new Exported's bytes."""
+    from bnfold.jax_export import fold_serialized
+
+    if emit_default:
+        args.emit = "exported"
+    if args.visualize or args.bind_func != "main":
+        raise BnfoldError("a serialized jax.export.Exported works without --visualize and "
+                          "--bind-func (its parameters are @main's arguments)", location=name)
+    try:
+        exported, folded = fold_serialized(
+            data, bound, name=name, options=options,
+            allow_unregistered=args.allow_unregistered_dialect,
+            pass_pipeline=args.pass_pipeline, graph_nodes=bool(args.report_overlay))
+    except BnfoldError as e:
+        print(_error_line(e), file=sys.stderr)
+        return None
+    report.merge(folded.report)
+    if _retained is not None:
+        _retained.append(folded)
+    return exported, folded
 
 
 def _write_module(folded: Folded, args: argparse.Namespace, file: BinaryIO) -> None:
