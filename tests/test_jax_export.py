@@ -343,3 +343,25 @@ def test_fold_exported_accepts_serialized_bytes():
     assert len(report.folds) == 1
     support.numerics.check_close([np.asarray(folded.call(x))],
                                  [np.asarray(exported.call(params, x))], "f32")
+
+
+def test_python_api_names_what_it_expected(tmp_path):
+    fn, params, x, _ = MODELS["conv_bn_nhwc"]
+    with pytest.raises(TypeError, match=r"expects a jax.export.Exported.*fold_function"):
+        fold_exported(jax.jit(fn), params)
+    with pytest.raises(TypeError, match=r"expects a jax.export.Exported.*fold_text"):
+        fold_exported(exported_text := jax.jit(fn).lower(params, x).as_text(), params)
+    assert exported_text
+    with pytest.raises(bnfold.BnfoldError, match="not a serialized jax.export.Exported"):
+        fold_exported(b"\x00" * 64, params)
+    with pytest.raises(TypeError, match=r"fold_module expects a parsed .*Module.*fold_text"):
+        bnfold.fold_module("func.func @f() { return }")
+    with pytest.raises(bnfold.BnfoldError, match=r"looks like a path.*fold_source\(path="):
+        bnfold.fold_text("path/to/model.mlir")
+    existing = tmp_path / "model"
+    existing.write_text("func.func @f() { return }")
+    with pytest.raises(bnfold.BnfoldError, match="looks like a path"):
+        bnfold.fold_text(str(existing))
+    with pytest.raises(TypeError, match="fold_text expects MLIR text or bytes"):
+        bnfold.fold_text(existing)  # a Path object
+    assert bnfold.fold_text("func.func @f() { return }")[0]  # text still works

@@ -66,6 +66,8 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     records Model Explorer node ids for `bnfold.overlay`. Raises `BnfoldError`
     for bad input.
     """
+    if data is not None:
+        check_source(data, "fold_source")
     context = make_context(allow_unregistered=allow_unregistered)
     if path is not None:
         module = parse_path(path, context, name=name)
@@ -86,6 +88,37 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     return Folded(module, context, report)
 
 
+_PATH_SUFFIXES = (".mlir", ".mlirbc", ".stablehlo", ".bc", ".bin", ".txt")
+
+
+def check_source(data: object, caller: str) -> None:
+    """`data` is a module's contents (str or bytes), not a file name or another object.
+
+    Raises `TypeError` for other types and `BnfoldError` for a one-line string that
+    looks like a path (it would parse as IR and fail with a confusing diagnostic).
+    """
+    if not isinstance(data, str | bytes | bytearray | memoryview):
+        raise TypeError(f"{caller} expects MLIR text or bytes (a module's contents), got "
+                        f"{_describe(data)}")
+    if isinstance(data, bytes | bytearray | memoryview):
+        return
+    line = data.strip()
+    if not line or "\n" in line or any(c in line for c in "{}()%=<>"):
+        return
+    import os
+
+    if line.endswith(_PATH_SUFFIXES) or os.path.isfile(line):
+        raise BnfoldError(f"{caller} expects MLIR text, got {line!r}, which looks like a path: "
+                          f"pass the file's contents (open(path).read()) or use "
+                          f"bnfold.fold_source(path={line!r})")
+
+
+def _describe(value: object) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else \
+        kind.__qualname__
+
+
 def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
                 source_name: str | None = None, cleanup: bool = True,
                 graph_nodes: bool = False) -> Report:
@@ -98,6 +131,12 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
     Raises `BnfoldError` if the module does not verify afterwards (a bnfold
     bug: please file the reproducer).
     """
+    if isinstance(module, str | bytes | bytearray) or not hasattr(module, "operation"):
+        hint = (" (MLIR text: use bnfold.fold_text, or parse it first with "
+                "bnfold.ir.parse(text, bnfold.ir.make_context()))"
+                if isinstance(module, str | bytes | bytearray) else "")
+        raise TypeError(f"fold_module expects a parsed jaxlib.mlir.ir.Module, got "
+                        f"{_describe(module)}{hint}")
     options = options or FoldOptions()
     rewriter = Rewriter()
     with module.context, ir.Location.unknown():
