@@ -365,3 +365,51 @@ def test_python_api_names_what_it_expected(tmp_path):
     with pytest.raises(TypeError, match="fold_text expects MLIR text or bytes"):
         bnfold.fold_text(existing)  # a Path object
     assert bnfold.fold_text("func.func @f() { return }")[0]  # text still works
+
+
+# --- quantization encodings keyed by parameter name (issue 32 item 8) -----------------------
+
+
+def test_quant_encodings_are_keyed_by_the_bound_parameter_name(tmp_path):
+    """--bind-params names each quantized weight by its parameter (params/c1), the
+    producer's location kept in param_locations; each name's scale is the one of the
+    weight its layer computes with on XLA (read back with numerics.kernel_module: c1's
+    and c2's scales differ, so swapped names fail)."""
+    import json
+
+    from bnfold.cli import main
+
+    fn, params, x, _ = MODELS["residual_block"]
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    source = tmp_path / "exported.mlir"
+    source.write_text(exported.mlir_module())
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    np.savez(tmp_path / "params.npz", **{f"params{jax.tree_util.keystr(path)}": np.asarray(leaf)
+                                         for path, leaf in leaves})
+    out, encodings = tmp_path / "q.mlir", tmp_path / "enc.json"
+    assert main([str(source), "-o", str(out), "-q", "--bind-params", str(tmp_path / "params.npz"),
+                 "--quantize-weights", "int8", "--quant-encodings", str(encodings)]) == 0
+    data = json.loads(encodings.read_text())
+    assert sorted(data["param_encodings"]) == ["params/c1", "params/c2"]
+    assert all("conv_general_dilated" in loc for loc in data["param_locations"].values())
+    kernels, _ = support.numerics.kernel_module(out.read_text())
+    weights = support.numerics.run_xla(kernels, [])  # in program order: c1's layer, then c2's
+    for name, weight in zip(("params/c1", "params/c2"), weights, strict=True):
+        [entry] = data["param_encodings"][name]
+        assert np.isclose(entry["scale"] * 127, np.max(np.abs(weight)), rtol=1e-6), name
+    # constants that were never parameters keep the producer's location as the key
+    closed = jax.export.export(jax.jit(lambda v: fn(params, v)))(x)
+    source.write_text(closed.mlir_module())
+    assert main([str(source), "-o", str(out), "-q", "--quantize-weights", "int8",
+                 "--quant-encodings", str(encodings)]) == 0
+    keys = list(json.loads(encodings.read_text())["param_encodings"])
+    assert len(keys) == 2 and all("conv_general_dilated" in k for k in keys), keys
+
+
+def test_parameter_path():
+    from bnfold.report import parameter_path
+
+    assert parameter_path("params['Conv_0']['kernel']") == "params/Conv_0/kernel"
+    assert parameter_path("[0].weight") == "0/weight"
+    assert parameter_path("jit(apply)/Conv_0/conv_general_dilated") == \
+        "jit(apply)/Conv_0/conv_general_dilated"

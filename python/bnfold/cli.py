@@ -124,7 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quant-encodings", metavar="FILE.json",
                         help="with --quantize-weights: write each quantized weight's bits, "
                              "scale(s) and zero point as an AIMET-style encodings file, keyed "
-                             "by the producer's location")
+                             "by the parameter's name where the weight was bound "
+                             "(--bind-params: params/Conv_0/kernel), else by the producer's "
+                             "location; param_locations maps each key to that location")
     parser.add_argument("--report-overlay", metavar="FILE.json",
                         help="write Model Explorer node data: FILE.json for the input graph "
                              "(each normalization op folded, into what, or not, and why) and "

@@ -77,14 +77,18 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
         raise BnfoldError("fold_source needs data or a path")
     with context, ir.Location.unknown():
         values = bindings(module) if callable(bindings) else bindings
+        parameters: dict[str, str] = {}
         if values:
-            bind_arguments(module, values, function=bind_function, source_name=name)
+            bind_arguments(module, values, function=bind_function, source_name=name,
+                           names_out=parameters)
         if pass_pipeline is None:
             report = fold_module(module, options, source_name=name, graph_nodes=graph_nodes)
         else:  # bnfold's passes and MLIR's, as the pipeline says
             from bnfold.passes import run_pipeline
 
             report = run_pipeline(module, pass_pipeline, source_name=name, graph_nodes=graph_nodes)
+        if parameters:  # quantized weights are named by the parameter they came from
+            report.name_parameters(parameters)
     return Folded(module, context, report)
 
 
