@@ -40,6 +40,7 @@ examples:
   bnfold-opt exported.bin --bind-params params.npz -o folded.bin
                          (a serialized jax.export.Exported in, one out: jax.export.deserialize reads it)
   bnfold-opt model.mlir --emit portable -o folded.vhlo    (a StableHLO portable artifact)
+  bnfold-opt model.mlir -o folded.mlir --check   (run both on XLA CPU, compare; exit 1 if off)
   bnfold-opt model.mlir --report report.json --report-params stats.npz
   bnfold-opt model.mlir -o folded.mlir --report-overlay folds.json   (Model Explorer node data)
   bnfold-opt model.mlir -o folded.mlir --visualize     (both graphs in Model Explorer; bnfold[viz])
@@ -144,6 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "become constants and leave the signature")
     parser.add_argument("--bind-func", default="main", metavar="NAME",
                         help="function whose arguments --bind-params binds (default: main)")
+    _add_check_arguments(parser)
     parser.add_argument("--pass-pipeline", metavar="PIPELINE",
                         help="run this textual pipeline instead of the default fold, mixing "
                              "bnfold's passes (" + ", ".join(p.name for p in PASSES) + "; see "
@@ -270,6 +272,9 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.quant_encodings and not options.quantize_weights:
         raise BnfoldError("--quant-encodings needs --quantize-weights (it describes the "
                           "quantized weights)")
+    if args.check and args.split_input_file:
+        raise BnfoldError("--check compares one module with its output; it does not work "
+                          "with --split-input-file")
     if args.report_overlay == "-":
         raise BnfoldError("--report-overlay writes two files (FILE.json and FILE.output.json); "
                           "give it a file name, not '-'")
@@ -280,6 +285,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
     report = Report()
     out: bytes | Callable[[BinaryIO], None]
     overlays: tuple[bytes, bytes] | None = None
+    folded_exported: tuple[Any, Folded] | None = None
+    data: bytes | None = None
     if args.split_input_file:
         results = [_process(args, options, name, bound, report, data=chunk)
                    for chunk in _split(_read(args.input))]
@@ -293,7 +300,6 @@ def _run(args: argparse.Namespace, name: str) -> int:
                 sys.stdout.buffer.flush()
             return 1
     else:
-        folded_exported: tuple[Any, Folded] | None = None
         data = _read("-") if args.input == "-" else _exported_file(args.input)
         if data is not None and _is_exported(data):
             folded_exported = _process_exported(args, options, name, bound, report,
@@ -319,6 +325,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
             out = bytes(folded_exported[0].serialize())
         if args.report_overlay:
             overlays = _overlays(module, report, name)
+        if args.check and not _check(args, name, bound, module, folded_exported, data):
+            return 1
     outputs.set_data("-o", out)
     if args.report:
         outputs.set_data("--report", (report.dumps() if args.report_format == "json"
@@ -337,6 +345,50 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.visualize:
         _visualize(args, options)
     return 0
+
+
+def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    from bnfold.check import DEFAULT_DIM, TOLERANCE
+
+    table = ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
+    parser.add_argument("--check", action="store_true",
+                        help="run the original and the output on XLA CPU with seeded inputs "
+                             "of @main's shapes (integers for integer arguments) and print the "
+                             "max relative difference, and both modules' error against the "
+                             "original evaluated in float64 where it can be; past the "
+                             f"tolerance ({table}, by output type) exit 1 and write nothing")
+    parser.add_argument("--check-tolerance", type=float, metavar="RTOL",
+                        help="--check's tolerance for every output instead of the table "
+                             "(e.g. 0.05 with --quantize-weights, which changes the weights)")
+    parser.add_argument("--check-dim", action="append", default=[], metavar="NAME=SIZE",
+                        help="--check's size of a symbolic dimension (jax.export's name, e.g. "
+                             f"b=4, or argK.D); default {DEFAULT_DIM}; repeatable")
+
+
+def _check(args: argparse.Namespace, name: str, bound: dict[str | int, Any] | None,
+           module: Folded, folded_exported: tuple[Any, Folded] | None,
+           data: bytes | None) -> bool:
+    """--check: the original and the output on XLA CPU; prints the verdict."""
+    from bnfold import check
+
+    if folded_exported is not None:
+        from bnfold.jax_export import deserialize
+
+        assert data is not None
+        original: bytes = deserialize(data, name=name).mlir_module_serialized
+    else:
+        original = data if data is not None else _read(args.input)
+    result = check.check(original, module.module, name=name,
+                         bindings=bound if args.bind_func == "main" else None,
+                         dims=check.parse_dims(args.check_dim),
+                         tolerance=args.check_tolerance)
+    print(f"{PROG}: {name}: {result.summary()}", file=sys.stderr)
+    if not result.passed:
+        hint = (" (--quantize-weights changes the weights: give --check-tolerance)"
+                if getattr(args, "quantize_weights", None) else "")
+        print(f"{PROG}: {name}: the output is not equivalent on XLA CPU{hint}; no output "
+              "written", file=sys.stderr)
+    return result.passed
 
 
 def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:

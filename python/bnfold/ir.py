@@ -10,9 +10,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import os
 import re
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO, Literal, cast
+
+# What `import jax` does first: XLA's C++ logging reads its level when jaxlib loads, and
+# without it the CPU backend's start (--check) prints its devices at INFO on stderr.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import jaxlib.mlir._mlir_libs._jax_mlir_ext as _jax_mlir_ext
 from jaxlib.mlir import ir, passmanager
@@ -339,3 +344,22 @@ def interpret(module: ir.Module, inputs: Sequence[ir.Attribute]) -> list[ir.Attr
     must expand or reject those first (see `bnfold.numerics`).
     """
     return list(stablehlo.eval_module(module, list(inputs)))
+
+
+def xla_cpu_run(module: str | bytes, inputs: Sequence[object]) -> list[object]:
+    """Compiles a StableHLO module (text or bytecode) on XLA CPU, runs it once and
+    returns its outputs as numpy arrays (jax has no public API for running a module
+    that was not traced from Python: this uses its backend's compile_and_load)."""
+    import jax
+    import jax.extend
+    import numpy as np
+    from jax._src.lib import xla_client as xc
+
+    backend = jax.extend.backend.get_backend("cpu")
+    device = backend.devices()[0]
+    exe = backend.compile_and_load(module, xc.DeviceList((device,)), xc.CompileOptions())
+    # enable_x64 keeps f64/i64 inputs and outputs 64-bit for this call only.
+    with jax.enable_x64(True):
+        args = [jax.device_put(np.asarray(x), device) for x in inputs]
+        results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
+        return [np.asarray(r[0]) for r in results]
