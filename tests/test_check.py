@@ -34,11 +34,11 @@ def check_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tempfile, "tempdir", str(directory))
 
 
-def _altered(folded: str) -> str:
+def _altered(folded: str, delta: float = 0.25) -> str:
     """The folded module with its first float constant vector (the new bias) moved."""
     match = re.search(r"dense<\[(-?[0-9.]+(?:[eE][-+]?\d+)?),", folded)
     assert match, folded
-    return folded[:match.start(1)] + repr(float(match.group(1)) + 0.25) + folded[match.end(1):]
+    return folded[:match.start(1)] + repr(float(match.group(1)) + delta) + folded[match.end(1):]
 
 
 def test_python_check_passes_a_fold_and_fails_an_altered_output():
@@ -158,6 +158,10 @@ def test_cli_check_with_a_symbolic_batch(tmp_path: Path, capsys):
     assert "batch name(s) no symbolic dimension of @main (it has b)" in err
     assert main([str(source), "--check", "--check-dim", "b"]) == 1
     assert "NAME=SIZE" in capsys.readouterr().err
+    assert main([str(source), "--check-dim", "b=3"]) == 1  # never a silent no-op
+    assert "add --check" in capsys.readouterr().err
+    assert main([str(source), "--check", "--check-tolerance", "-1"]) == 1
+    assert "expected a positive relative tolerance" in capsys.readouterr().err
 
 
 def test_check_says_when_there_is_no_float64_comparison():
@@ -200,3 +204,28 @@ def test_cli_check_on_a_serialized_exported(tmp_path: Path, capsys):
                  str(tmp_path / "p.npz")]) == 0
     assert "check passed" in capsys.readouterr().err
     assert jax.export.deserialize(bytearray(out.read_bytes())).in_avals[0].shape == x.shape
+
+
+def test_check_tolerance_follows_the_narrowest_type_the_original_computes_in():
+    """An f32 output of a bf16 network is judged at bf16's tolerance: the fold rounds its
+    kernel to bf16 (a bf16 module's output at f32's 1e-5 would fail every real fold)."""
+    rng = np.random.default_rng(0)
+    dt = jax.numpy.bfloat16
+    k = rng.normal(0, .3, (3, 3, 3, 4)).astype(dt)
+    mean, var = rng.normal(size=4).astype(dt), rng.uniform(.5, 2, 4).astype(dt)
+
+    def model(x):
+        y = jax.lax.conv_general_dilated(x, k, (1, 1), "SAME",
+                                         dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return ((y - mean) * jax.lax.rsqrt(var + 1e-3)).astype(np.float32)
+
+    text = jax.jit(model).lower(jax.ShapeDtypeStruct((2, 6, 6, 3), dt)).as_text()
+    folded, report = bnfold.fold_text(text)
+    assert len(report.folds) == 1
+    result = check(text, folded)
+    [output] = result.outputs
+    assert output.element_type == "f32" and output.precision == "bf16"
+    assert output.tolerance == 6e-2 and result.passed, result.summary()
+    assert "the original computes in bf16" in result.summary()
+    assert output.difference > 1e-5  # f32's tolerance would have failed it
+    assert not check(text, _altered(folded, 2.0)).passed

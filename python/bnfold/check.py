@@ -15,8 +15,10 @@ bare XLA has no handler). Arguments the output no longer takes (bound with
 `--bind-params`) are fed to the original from `bindings`.
 
 The measure is jax's: per output, `max |output - original| / max |original|`
-(robust to outputs that cross zero), within the tolerance of the output's
-type (`TOLERANCE`, or `tolerance`). Where it can, the check also evaluates the
+(robust to outputs that cross zero), within the tolerance (`TOLERANCE`, or
+`tolerance`) of the narrowest float type among the output's and those the
+original computes in (an f32 output of a bf16 network is held to bf16's: the
+fold rounds its kernels there). Where it can, the check also evaluates the
 original in float64 (every f16/bf16/f32 type re-typed to f64, constants
 widened exactly) and reports both modules' error against it: the precision
 contract says the output's error is no worse than the original's own. When
@@ -56,6 +58,9 @@ class Output:
     element_type: str
     difference: float  # max |output - original| / max |original|
     tolerance: float
+    # the type whose tolerance applies: the narrowest of the output's and the float
+    # types the original computes in (an f32 output of a bf16 network has bf16's)
+    precision: str = ""
     original_error: float | None = None  # against the float64 evaluation
     output_error: float | None = None
 
@@ -90,7 +95,7 @@ class Check:
         if worst is None:
             return "check: the module has no outputs to compare"
         head = (f"max relative difference {_g(self.difference)} over {len(self.outputs)} "
-                f"output(s) on XLA CPU ({worst.element_type} tolerance {_g(worst.tolerance)})")
+                f"output(s) on XLA CPU ({_tolerance_name(worst)})")
         errors = [(o.original_error, o.output_error) for o in self.outputs
                   if o.original_error is not None and o.output_error is not None]
         if errors:
@@ -106,6 +111,17 @@ class Check:
         detail = "; ".join(f"output {o.index} ({o.element_type}): {_g(o.difference)} > "
                            f"{_g(o.tolerance)}" for o in bad[:4])
         return f"check failed: {head}\n  {detail}{' ...' if len(bad) > 4 else ''}"
+
+
+def _tolerance_name(output: Output) -> str:
+    """`f32 tolerance 1e-05`, `bf16 tolerance 0.06: the original computes in bf16`, or
+    `tolerance 0.05 (given)`."""
+    if output.precision == "given":
+        return f"tolerance {_g(output.tolerance)} (given)"
+    precision = output.precision or output.element_type
+    text = f"{precision} tolerance {_g(output.tolerance)}"
+    return text if precision == output.element_type else \
+        f"{text}: the original computes in {precision}"
 
 
 def _g(value: float) -> str:
@@ -189,8 +205,11 @@ def check(original: str | bytes | ir.Module, output: str | bytes | ir.Module, *,
     outputs = []
     for k, (a, e) in enumerate(zip(actual, expected, strict=True)):
         element = source.result_types[k] if k < len(source.result_types) else "?"
-        limit = tolerance if tolerance is not None else TOLERANCE.get(element, TOLERANCE["f32"])
-        outputs.append(Output(k, element, relative_difference(a, e), limit))
+        precision = max((t for t in (element, *source.float_types) if t in TOLERANCE),
+                        key=TOLERANCE.__getitem__, default="f32")
+        limit = tolerance if tolerance is not None else TOLERANCE[precision]
+        outputs.append(Output(k, element, relative_difference(a, e), limit,
+                              precision if tolerance is None else "given"))
     outcome = Check(outputs, used, inputs=inputs)
     reference, why = source.float64(inputs, shapes, function)
     if reference is None:
@@ -254,6 +273,7 @@ class _Module:
                 self.arg_types.append(ranked)
             self.result_types = [str(r.element_type) if (r := elements.ranked_type(t)) else "?"
                                  for t in func_type.results]
+            self.float_types = _float_types(self.module)
 
     def resolve(self, bindings: Mapping[str | int, Any], function: str) -> dict[int, np.ndarray]:
         with self.context:
@@ -397,6 +417,21 @@ def _retype(text: str) -> str:
         position = match.end()
     pieces.append(_FLOAT_RE.sub("f64", text[position:]))
     return "".join(pieces)
+
+
+def _float_types(module: ir.Module) -> set[str]:
+    """The float element types of every op result in the module."""
+    found: set[str] = set()
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        for result in op.results:
+            ranked = elements.ranked_type(result.type)
+            if ranked is not None and str(ranked.element_type) in TOLERANCE:
+                found.add(str(ranked.element_type))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
 
 
 def _drop_shape_assertions(module: ir.Module) -> None:

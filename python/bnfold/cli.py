@@ -272,6 +272,11 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.quant_encodings and not options.quantize_weights:
         raise BnfoldError("--quant-encodings needs --quantize-weights (it describes the "
                           "quantized weights)")
+    if not args.check and (args.check_tolerance is not None or args.check_dim):
+        raise BnfoldError("--check-tolerance and --check-dim set up --check; add --check")
+    if args.check_tolerance is not None and not 0 < args.check_tolerance < float("inf"):
+        raise BnfoldError(f"--check-tolerance {args.check_tolerance:g}: expected a positive "
+                          "relative tolerance (e.g. 1e-4)")
     if args.check and args.split_input_file:
         raise BnfoldError("--check compares one module with its output; it does not work "
                           "with --split-input-file")
@@ -356,7 +361,8 @@ def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
                              "of @main's shapes (integers for integer arguments) and print the "
                              "max relative difference, and both modules' error against the "
                              "original evaluated in float64 where it can be; past the "
-                             f"tolerance ({table}, by output type) exit 1 and write nothing")
+                             f"tolerance ({table}, of the narrowest float type the original "
+                             "computes in) exit 1 and write nothing")
     parser.add_argument("--check-tolerance", type=float, metavar="RTOL",
                         help="--check's tolerance for every output instead of the table "
                              "(e.g. 0.05 with --quantize-weights, which changes the weights)")
