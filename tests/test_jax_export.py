@@ -413,3 +413,26 @@ def test_parameter_path():
     assert parameter_path("[0].weight") == "0/weight"
     assert parameter_path("jit(apply)/Conv_0/conv_general_dilated") == \
         "jit(apply)/Conv_0/conv_general_dilated"
+
+
+def test_cli_folds_a_shape_polymorphic_serialized_exported(tmp_path):
+    """A symbolic batch survives: the folded Exported calls at two batch sizes."""
+    from bnfold.cli import main
+
+    fn, params, x, _ = MODELS["residual_block"]
+    b, = jax.export.symbolic_shape("b")
+    exported = jax.export.export(jax.jit(fn))(
+        params, jax.ShapeDtypeStruct((b, *x.shape[1:]), np.float32))
+    source = tmp_path / "poly.bin"
+    source.write_bytes(exported.serialize())
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    np.savez(tmp_path / "params.npz", **{f"params{jax.tree_util.keystr(path)}": np.asarray(leaf)
+                                         for path, leaf in leaves})
+    out = tmp_path / "folded.bin"
+    assert main([str(source), "-o", str(out), "-q", "--bind-params",
+                 str(tmp_path / "params.npz")]) == 0
+    folded = jax.export.deserialize(bytearray(out.read_bytes()))
+    assert not [n for n in _op_names(folded) if n in NORM_OPS]
+    for batch in (x, np.concatenate([x, x, x])):
+        support.numerics.check_close([np.asarray(folded.call(batch))],
+                                     [np.asarray(exported.call(params, batch))], "f32")

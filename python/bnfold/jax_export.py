@@ -6,6 +6,10 @@
     jax.jit(folded.call)(x)
     blob = folded.serialize()           # and jax.export.deserialize(blob) works
 
+`fold_exported` also takes the bytes of `Exported.serialize()`, and
+`fold_serialized` (what `bnfold-opt exported.bin` runs) binds by the module's
+argument names instead of a pytree.
+
 The caller's `Exported` is never mutated: its module is deserialized into a
 fresh MLIR context, the bound arguments become constants and leave the
 signature, the module is folded and serialized again, and a new `Exported`
