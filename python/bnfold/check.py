@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from bnfold import elements
-from bnfold.binding import argument_names, find_function, resolve
+from bnfold.binding import argument_names, resolve
 from bnfold.errors import BnfoldError
 from bnfold.graph import lookup_function
 from bnfold.ir import ir, make_context, parse, run_pipeline, serialize, xla_cpu_run
@@ -142,13 +142,13 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
 
 def check(original: str | bytes | ir.Module, output: str | bytes | ir.Module, *,
           bindings: Mapping[str | int, Any] | None = None, dims: Mapping[str, int] | None = None,
-          tolerance: float | None = None, seed: int = 0, function: str = "main",
-          name: str = "<input>") -> Check:
+          tolerance: float | None = None, seed: int = 0, name: str = "<input>") -> Check:
     """Runs `original` and `output` (text, bytecode, a portable artifact or a parsed
     module) on XLA CPU with the same seeded inputs and compares them.
 
-    `bindings` are the values of arguments the output no longer takes (as given to
-    `fold_source` / `--bind-params`: by `argN` or name). `dims` sizes symbolic
+    Both run from `@main`. `bindings` are the values of `@main`'s arguments the
+    output no longer takes (as given to `fold_source` / `--bind-params`: by `argN`
+    or name). `seed` seeds the inputs. `dims` sizes symbolic
     dimensions by name (default `DEFAULT_DIM`). `tolerance` replaces the per-type
     table. Raises `BnfoldError` when the modules cannot be run or do not take
     matching arguments.
@@ -156,13 +156,13 @@ def check(original: str | bytes | ir.Module, output: str | bytes | ir.Module, *,
     dims = dict(dims or {})
     source = _Module(original, "the original", name)
     result = _Module(output, "the output", name)
-    bound = source.resolve(bindings or {}, function)
+    bound = source.resolve(bindings or {})
     kept = [i for i in range(len(source.arg_types)) if i not in bound]
     if len(result.arg_types) != len(kept):
-        raise BnfoldError(f"cannot check: the output's @{function} takes "
+        raise BnfoldError(f"cannot check: the output's @main takes "
                           f"{len(result.arg_types)} argument(s), the original "
                           f"{len(source.arg_types)} with {len(bound)} bound", location=name)
-    names = source.dim_names(function)
+    names = source.dim_names()
     used: dict[str, int] = {}
     shapes = []
     for i, ty in enumerate(source.arg_types):
@@ -177,7 +177,7 @@ def check(original: str | bytes | ir.Module, output: str | bytes | ir.Module, *,
         shapes.append(tuple(shape))
     unknown = sorted(set(dims) - set(used))
     if unknown:
-        raise BnfoldError(f"{', '.join(unknown)} name(s) no symbolic dimension of @{function}"
+        raise BnfoldError(f"{', '.join(unknown)} name(s) no symbolic dimension of @main"
                           + (f" (it has {', '.join(used)})" if used else " (it has none)"),
                           location="--check-dim")
     rng = np.random.default_rng(seed)
@@ -188,7 +188,7 @@ def check(original: str | bytes | ir.Module, output: str | bytes | ir.Module, *,
             continue
         dtype = elements.numpy_dtype(ty.element_type)
         if dtype is None:
-            raise BnfoldError(f"cannot check: argument {i} of @{function} has type {ty}, for "
+            raise BnfoldError(f"cannot check: argument {i} of @main has type {ty}, for "
                               "which no inputs can be made", location=name)
         if dtype.kind == "b":
             inputs.append(rng.integers(0, 2, size=concrete).astype(bool))
@@ -197,8 +197,8 @@ def check(original: str | bytes | ir.Module, output: str | bytes | ir.Module, *,
         else:
             inputs.append(rng.standard_normal(concrete).astype(dtype))
     free = [inputs[i] for i in kept]
-    expected = source.run(inputs, shapes, function)
-    actual = result.run(free, [shapes[i] for i in kept], function)
+    expected = source.run(inputs, shapes)
+    actual = result.run(free, [shapes[i] for i in kept])
     if len(actual) != len(expected):
         raise BnfoldError(f"cannot check: the output returns {len(actual)} value(s), the "
                           f"original {len(expected)}", location=name)
@@ -211,7 +211,7 @@ def check(original: str | bytes | ir.Module, output: str | bytes | ir.Module, *,
         outputs.append(Output(k, element, relative_difference(a, e), limit,
                               precision if tolerance is None else "given"))
     outcome = Check(outputs, used, inputs=inputs)
-    reference, why = source.float64(inputs, shapes, function)
+    reference, why = source.float64(inputs, shapes)
     if reference is None:
         outcome.float64 = why
     else:
@@ -275,19 +275,19 @@ class _Module:
                                  for t in func_type.results]
             self.float_types = _float_types(self.module)
 
-    def resolve(self, bindings: Mapping[str | int, Any], function: str) -> dict[int, np.ndarray]:
+    def resolve(self, bindings: Mapping[str | int, Any]) -> dict[int, np.ndarray]:
         with self.context:
-            names = argument_names(find_function(self.module, function))
+            names = argument_names(self.func)
         bound: dict[int, np.ndarray] = {}
         for key, value in bindings.items():
             index = resolve(key, names)
             if index is None:
                 raise BnfoldError(f"cannot check: '{key}' names no argument of the original's "
-                                  f"@{function}", location=self.name)
+                                  f"@main", location=self.name)
             bound[index] = np.asarray(value)
         return bound
 
-    def dim_names(self, function: str) -> dict[tuple[int, int], str]:
+    def dim_names(self) -> dict[tuple[int, int], str]:
         """(argument, dimension) -> the name jax.export gave the symbolic dimension: @main
         reads it with get_dimension_size and passes it (converted) to the wrapped function,
         whose argument carries `jax.global_constant = "b"`."""
@@ -324,7 +324,7 @@ class _Module:
         return None
 
     def run(self, inputs: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]],
-            function: str, text: str | None = None) -> list[np.ndarray]:
+            text: str | None = None) -> list[np.ndarray]:
         program = text if text is not None else self._runnable(shapes, self.module)
         try:
             return [np.asarray(r) for r in xla_cpu_run(program, list(inputs))]
@@ -350,8 +350,8 @@ class _Module:
                 _drop_shape_assertions(module)
             return serialize(module, "mlir").decode()
 
-    def float64(self, inputs: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]],
-                function: str) -> tuple[list[np.ndarray] | None, str | None]:
+    def float64(self, inputs: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]
+                ) -> tuple[list[np.ndarray] | None, str | None]:
         """The original evaluated with every float type f64, or (None, why not)."""
         try:
             text = self._as_float64(shapes)
@@ -361,7 +361,7 @@ class _Module:
                 if np.asarray(x).dtype.kind == "f" or elements.is_bf16(np.asarray(x).dtype)
                 else x for x in inputs]
         try:
-            return self.run(wide, shapes, function, text=text), None
+            return self.run(wide, shapes, text=text), None
         except BnfoldError as e:
             return None, f"the f64 original does not run on XLA CPU ({_first_line(e)})"
 
