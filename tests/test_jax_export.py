@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import jax
 import numpy as np
 import pytest
@@ -252,3 +255,184 @@ def test_fold_exported_with_equalization_keeps_a_working_exported():
     expected = np.asarray(exported.call(params, x))
     for got in (folded.call(x), jax.export.deserialize(folded.serialize()).call(x)):
         support.numerics.check_close([np.asarray(got)], [expected], "f32")
+
+
+# --- a serialized Exported through the command line (issue 32 item 1) -----------------------
+
+
+def _saved_export(tmp_path, name="conv_bn_nhwc"):
+    fn, params, x, _ = MODELS[name]
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    source = tmp_path / "exported.bin"
+    source.write_bytes(exported.serialize())
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    np.savez(tmp_path / "params.npz", **{f"params{jax.tree_util.keystr(path)}": np.asarray(leaf)
+                                         for path, leaf in leaves})
+    return exported, params, x, source
+
+
+def test_cli_folds_a_serialized_exported_into_one_that_deserializes(tmp_path):
+    """What a JAX team saves (Exported.serialize()) in, a serialized Exported out (the
+    default for such input): it deserializes, calls, jits and serializes again, and its
+    numbers match the original's on XLA."""
+    from bnfold.cli import main
+
+    exported, params, x, source = _saved_export(tmp_path)
+    out = tmp_path / "folded.bin"
+    assert main([str(source), "-o", str(out), "-q", "--bind-params",
+                 str(tmp_path / "params.npz")]) == 0
+    folded = jax.export.deserialize(bytearray(out.read_bytes()))
+    assert len(folded.in_avals) == 1 and folded.in_tree == jax.tree_util.tree_structure(((x,), {}))
+    assert not [n for n in _op_names(folded) if n in NORM_OPS]
+    expected = np.asarray(exported.call(params, x))
+    for got in (folded.call(x), jax.jit(folded.call)(x)):
+        support.numerics.check_close([np.asarray(got)], [expected], "f32")
+    again = jax.export.deserialize(folded.serialize())
+    support.numerics.check_close([np.asarray(again.call(x))], [expected], "f32")
+    # --emit mlir of the same input: the folded StableHLO module as text (not VHLO)
+    text = tmp_path / "folded.mlir"
+    assert main([str(source), "-o", str(text), "-q", "--emit", "mlir", "--bind-params",
+                 str(tmp_path / "params.npz")]) == 0
+    support.numerics.check_close(support.numerics.run_xla(text.read_text(), [x]), [expected],
+                                 "f32")
+
+
+def test_cli_exported_from_stdin_without_params_folds_nothing_but_stays_an_exported(tmp_path):
+    exported, params, x, source = _saved_export(tmp_path)
+    out = tmp_path / "same.bin"
+    proc = subprocess.run([sys.executable, "-m", "bnfold", "-", "-o", str(out)],
+                          input=source.read_bytes(), capture_output=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert b"--bind-params" in proc.stderr  # the report says to bind the parameters
+    restored = jax.export.deserialize(bytearray(out.read_bytes()))
+    support.numerics.check_close([np.asarray(restored.call(params, x))],
+                                 [np.asarray(exported.call(params, x))], "f32")
+
+
+def test_cli_exported_errors(tmp_path, capsys):
+    from bnfold.cli import main
+
+    exported, params, x, source = _saved_export(tmp_path)
+    # part of a positional argument bound: the rebuilt Exported could not drop it
+    np.savez(tmp_path / "part.npz", **{"params['conv']": params["conv"]})
+    out = tmp_path / "o.bin"
+    assert main([str(source), "-o", str(out), "--bind-params", str(tmp_path / "part.npz")]) == 1
+    err = capsys.readouterr().err
+    assert "bound in part" in err and "['bn']['mean']" in err and str(source) in err
+    assert not out.exists()
+    # --emit exported of a module that is not an Exported
+    assert main([str(support.TESTDATA / "conv2d_nhwc_bn.mlir"), "-o", str(out), "--emit",
+                 "exported"]) == 1
+    assert "--emit exported needs a serialized jax.export.Exported" in capsys.readouterr().err
+    # garbage names the formats bnfold reads
+    garbage = tmp_path / "garbage.bin"
+    garbage.write_bytes(bytes(range(256)) * 4)
+    assert main([str(garbage), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert "serialized jax.export.Exported" in err and "MLIR bytecode" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+# --- what the Python API says about a wrong argument (issue 32 item 6) ----------------------
+
+
+def test_fold_exported_accepts_serialized_bytes():
+    fn, params, x, _ = MODELS["conv_bn_nhwc"]
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    folded, report = fold_exported(exported.serialize(), params)
+    assert len(report.folds) == 1
+    support.numerics.check_close([np.asarray(folded.call(x))],
+                                 [np.asarray(exported.call(params, x))], "f32")
+
+
+def test_python_api_names_what_it_expected(tmp_path):
+    fn, params, x, _ = MODELS["conv_bn_nhwc"]
+    with pytest.raises(TypeError, match=r"expects a jax.export.Exported.*fold_function"):
+        fold_exported(jax.jit(fn), params)
+    with pytest.raises(TypeError, match=r"expects a jax.export.Exported.*fold_text"):
+        fold_exported(exported_text := jax.jit(fn).lower(params, x).as_text(), params)
+    assert exported_text
+    with pytest.raises(bnfold.BnfoldError, match="not a serialized jax.export.Exported"):
+        fold_exported(b"\x00" * 64, params)
+    with pytest.raises(TypeError, match=r"fold_module expects a parsed .*Module.*fold_text"):
+        bnfold.fold_module("func.func @f() { return }")
+    with pytest.raises(bnfold.BnfoldError, match=r"looks like a path.*fold_source\(path="):
+        bnfold.fold_text("path/to/model.mlir")
+    existing = tmp_path / "model"
+    existing.write_text("func.func @f() { return }")
+    with pytest.raises(bnfold.BnfoldError, match="looks like a path"):
+        bnfold.fold_text(str(existing))
+    with pytest.raises(TypeError, match="fold_text expects MLIR text or bytes"):
+        bnfold.fold_text(existing)  # a Path object
+    assert bnfold.fold_text("func.func @f() { return }")[0]  # text still works
+
+
+# --- quantization encodings keyed by parameter name (issue 32 item 8) -----------------------
+
+
+def test_quant_encodings_are_keyed_by_the_bound_parameter_name(tmp_path):
+    """--bind-params names each quantized weight by its parameter (params/c1), the
+    producer's location kept in param_locations; each name's scale is the one of the
+    weight its layer computes with on XLA (read back with numerics.kernel_module: c1's
+    and c2's scales differ, so swapped names fail)."""
+    import json
+
+    from bnfold.cli import main
+
+    fn, params, x, _ = MODELS["residual_block"]
+    exported = jax.export.export(jax.jit(fn))(params, x)
+    source = tmp_path / "exported.mlir"
+    source.write_text(exported.mlir_module())
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    np.savez(tmp_path / "params.npz", **{f"params{jax.tree_util.keystr(path)}": np.asarray(leaf)
+                                         for path, leaf in leaves})
+    out, encodings = tmp_path / "q.mlir", tmp_path / "enc.json"
+    assert main([str(source), "-o", str(out), "-q", "--bind-params", str(tmp_path / "params.npz"),
+                 "--quantize-weights", "int8", "--quant-encodings", str(encodings)]) == 0
+    data = json.loads(encodings.read_text())
+    assert sorted(data["param_encodings"]) == ["params/c1", "params/c2"]
+    assert all("conv_general_dilated" in loc for loc in data["param_locations"].values())
+    kernels, _ = support.numerics.kernel_module(out.read_text())
+    weights = support.numerics.run_xla(kernels, [])  # in program order: c1's layer, then c2's
+    for name, weight in zip(("params/c1", "params/c2"), weights, strict=True):
+        [entry] = data["param_encodings"][name]
+        assert np.isclose(entry["scale"] * 127, np.max(np.abs(weight)), rtol=1e-6), name
+    # constants that were never parameters keep the producer's location as the key
+    closed = jax.export.export(jax.jit(lambda v: fn(params, v)))(x)
+    source.write_text(closed.mlir_module())
+    assert main([str(source), "-o", str(out), "-q", "--quantize-weights", "int8",
+                 "--quant-encodings", str(encodings)]) == 0
+    keys = list(json.loads(encodings.read_text())["param_encodings"])
+    assert len(keys) == 2 and all("conv_general_dilated" in k for k in keys), keys
+
+
+def test_parameter_path():
+    from bnfold.report import parameter_path
+
+    assert parameter_path("params['Conv_0']['kernel']") == "params/Conv_0/kernel"
+    assert parameter_path("[0].weight") == "0/weight"
+    assert parameter_path("jit(apply)/Conv_0/conv_general_dilated") == \
+        "jit(apply)/Conv_0/conv_general_dilated"
+
+
+def test_cli_folds_a_shape_polymorphic_serialized_exported(tmp_path):
+    """A symbolic batch survives: the folded Exported calls at two batch sizes."""
+    from bnfold.cli import main
+
+    fn, params, x, _ = MODELS["residual_block"]
+    b, = jax.export.symbolic_shape("b")
+    exported = jax.export.export(jax.jit(fn))(
+        params, jax.ShapeDtypeStruct((b, *x.shape[1:]), np.float32))
+    source = tmp_path / "poly.bin"
+    source.write_bytes(exported.serialize())
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    np.savez(tmp_path / "params.npz", **{f"params{jax.tree_util.keystr(path)}": np.asarray(leaf)
+                                         for path, leaf in leaves})
+    out = tmp_path / "folded.bin"
+    assert main([str(source), "-o", str(out), "-q", "--bind-params",
+                 str(tmp_path / "params.npz")]) == 0
+    folded = jax.export.deserialize(bytearray(out.read_bytes()))
+    assert not [n for n in _op_names(folded) if n in NORM_OPS]
+    for batch in (x, np.concatenate([x, x, x])):
+        support.numerics.check_close([np.asarray(folded.call(batch))],
+                                     [np.asarray(exported.call(params, batch))], "f32")

@@ -70,6 +70,20 @@ def test_cli_example_folds_the_shipped_file():
     assert "folded 1 normalization(s)" in proc.stderr
 
 
+def test_check_example_checks_the_shipped_file(tmp_path):
+    """The quick start's `--check` line runs as written and says what its comment says
+    (up to the numbers)."""
+    match = re.search(r"```sh\nbnfold-opt (testdata/\S+\.mlir) -o folded.mlir --check\n"
+                      r"# (bnfold-opt: .*)\n```", README)
+    assert match, "README shows how to check a result"
+    proc = subprocess.run([sys.executable, "-m", "bnfold", support.ROOT / match.group(1), "-o",
+                           tmp_path / "folded.mlir", "--check"], cwd=support.ROOT,
+                          capture_output=True, text=True, check=True)
+    shape = re.sub(r"\d\.\d+e-\d+", "X", match.group(2).split(": ", 2)[2])
+    assert shape in re.sub(r"\d\.\d+e-\d+", "X", proc.stderr), proc.stderr
+    assert (tmp_path / "folded.mlir").exists()
+
+
 def test_setup_commands_are_the_ones_ci_runs():
     setup = README[README.index("## Set up and test"):README.index("## The command-line tool")]
     blocks = re.findall(r"```sh\n(.*?)```", setup, re.S)

@@ -35,6 +35,14 @@ __version__ = "0.1.0"
 
 def fold_text(text: str | bytes, options: FoldOptions | None = None, *,
               source_name: str = "<input>", debug_info: bool = False) -> tuple[str, Report]:
-    """Parses MLIR text or bytecode, folds it and returns the folded text and the report."""
+    """Parses MLIR text or bytecode, folds it and returns the folded text and the report.
+
+    `text` is the module's contents, not a file name: a one-line string that names a
+    file or ends like one (`.mlir`, `.mlirbc`) is refused (read it first, or use
+    `fold_source(path=...)`). Raises `TypeError` for anything but str/bytes.
+    """
+    from bnfold.pipeline import check_source
+
+    check_source(text, "fold_text")
     folded = fold_source(text, name=source_name, options=options)
     return folded.serialize("mlir", debug_info=debug_info).decode(), folded.report

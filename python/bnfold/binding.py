@@ -93,8 +93,14 @@ def _callee_of(call: ir.Operation) -> ir.Operation | None:
 
 
 def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
-                   function: str = "main", source_name: str | None = None) -> list[int]:
+                   function: str = "main", source_name: str | None = None,
+                   names_out: dict[str, str] | None = None) -> list[int]:
     """Replaces the named arguments of `@function` by constants; returns their indices.
+
+    `names_out` receives, for each bound argument, its location (the constant's, as
+    `str(location)`) and the parameter's name: the key given, else the name jax.export
+    recorded (`params['conv']`), else `argN` (a location several arguments share is
+    left out: it would name other constants too).
 
     Raises `BnfoldError` listing every key that names no argument and every
     value whose shape or dtype does not match, before changing anything.
@@ -103,10 +109,11 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
     block = func.regions[0].blocks[0]
     names = argument_names(func)
     chosen: dict[int, np.ndarray] = {}
+    keys: dict[int, str | int] = {}
     problems: list[str] = []
     misses: list[str] = []
     for key, value in values.items():
-        index = _resolve(key, names)
+        index = resolve(key, names)
         if index is None:
             misses.append(f"'{key}'")
             continue
@@ -124,6 +131,7 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
                             f"{arg_type}")
             continue
         chosen[index] = array
+        keys[index] = key
     if misses:
         problems.insert(0, f"{', '.join(misses)} name{'s' if len(misses) == 1 else ''} no "
                            f"argument of @{function}; its {len(names)} arguments answer to: "
@@ -131,9 +139,27 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
     if problems:
         raise BnfoldError("cannot bind parameters:\n  " + "\n  ".join(problems),
                           location=source_name)
+    if names_out is not None:
+        _parameter_names(func, keys, names, names_out)
     _replace_arguments(func, chosen, keep_signature=is_private(func))
     propagate_constants(module, func)
     return sorted(chosen)
+
+
+def _parameter_names(func: ir.Operation, keys: Mapping[int, str | int],
+                     names: list[set[str]], out: dict[str, str]) -> None:
+    block = func.regions[0].blocks[0]
+    where = [str(arg.location) for arg in block.arguments]
+    for index, key in keys.items():
+        location = where[index]
+        if location == "loc(unknown)" or where.count(location) > 1:
+            continue
+        if isinstance(key, str) and key != f"arg{index}":
+            out[location] = key
+            continue
+        given = location_name(block.arguments[index].location)
+        others = sorted((n for n in names[index] if not n.startswith("arg")), key=len)
+        out[location] = given or (others[0] if others else f"arg{index}")
 
 
 def propagate_constants(module: ir.Module, func: ir.Operation, _depth: int = 0) -> None:
@@ -173,7 +199,8 @@ def propagate_constants(module: ir.Module, func: ir.Operation, _depth: int = 0) 
 
 
 
-def _resolve(key: str | int, names: list[set[str]]) -> int | None:
+def resolve(key: str | int, names: list[set[str]]) -> int | None:
+    """The index of the argument `key` names (an index, argN, or one of its names)."""
     if isinstance(key, int):
         return key if 0 <= key < len(names) else None
     for i, aliases in enumerate(names):

@@ -39,7 +39,10 @@ passes (for --pass-pipeline; options as name=value in braces):
 examples:
   bnfold-opt model.mlir                        print the folded module, summary on stderr
   bnfold-opt model.mlir -o folded.mlirbc --emit bytecode
-  bnfold-opt exported.bin --emit portable -o folded.bin   (jax.export artifacts)
+  bnfold-opt exported.bin --bind-params params.npz -o folded.bin
+                         (a serialized jax.export.Exported in, one out: jax.export.deserialize reads it)
+  bnfold-opt model.mlir --emit portable -o folded.vhlo    (a StableHLO portable artifact)
+  bnfold-opt model.mlir -o folded.mlir --check   (run both on XLA CPU, compare; exit 1 if off)
   bnfold-opt model.mlir --report report.json --report-params stats.npz
   bnfold-opt model.mlir -o folded.mlir --report-overlay folds.json   (Model Explorer node data)
   bnfold-opt model.mlir -o folded.mlir --visualize     (both graphs in Model Explorer; bnfold[viz])
@@ -95,15 +98,20 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
     )
     parser.add_argument("input", nargs="?", default="-", metavar="INPUT",
-                        help="MLIR text, MLIR bytecode or a StableHLO portable artifact "
-                             "(format detected); '-' or omitted reads stdin")
+                        help="MLIR text, MLIR bytecode, a StableHLO portable artifact or a "
+                             "serialized jax.export.Exported (Exported.serialize(); format "
+                             "detected); '-' or omitted reads stdin")
     parser.add_argument("-o", "--output", default="-", metavar="OUTPUT",
                         help="where to write the folded module ('-', the default: stdout); "
                              "a file is replaced atomically (a symlink's target, keeping its "
                              "mode), a FIFO or device is written directly")
-    parser.add_argument("--emit", choices=("mlir", "bytecode", "portable"), default="mlir",
-                        help="output format: MLIR text (default), MLIR bytecode, or a "
-                             "StableHLO portable artifact (VHLO bytecode, as jax.export writes)")
+    parser.add_argument("--emit", choices=("mlir", "bytecode", "portable", "exported"),
+                        default=None,
+                        help="output format: MLIR text (the default for MLIR input), MLIR "
+                             "bytecode, a StableHLO portable artifact (VHLO bytecode, the "
+                             "module inside a jax.export.Exported), or a serialized "
+                             "jax.export.Exported (the default for such input; "
+                             "jax.export.deserialize reads it)")
     parser.add_argument("--target-version", metavar="V",
                         help="StableHLO version for --emit portable, e.g. 1.0.0 "
                              "(default: the current version)")
@@ -119,7 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--quant-encodings", metavar="FILE.json",
                         help="with --quantize-weights: write each quantized weight's bits, "
                              "scale(s) and zero point as an AIMET-style encodings file, keyed "
-                             "by the producer's location")
+                             "by the parameter's name where the weight was bound "
+                             "(--bind-params: params/Conv_0/kernel), else by the producer's "
+                             "location; param_locations maps each key to that location")
     parser.add_argument("--report-overlay", metavar="FILE.json",
                         help="write Model Explorer node data: FILE.json for the input graph "
                              "(each normalization op folded, into what, or not, and why) and "
@@ -137,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "become constants and leave the signature")
     parser.add_argument("--bind-func", default="main", metavar="NAME",
                         help="function whose arguments --bind-params binds (default: main)")
+    _add_check_arguments(parser)
     parser.add_argument("--pass-pipeline", metavar="PIPELINE",
                         help="run this textual pipeline instead of the default fold, mixing "
                              "bnfold's passes (" + ", ".join(p.name for p in PASSES) + "; see "
@@ -249,6 +260,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
         quantizes = any(o.quantize_weights for o in in_pipeline.values())
     options = _options(args)
     quantizes = quantizes or bool(options.quantize_weights)
+    emit_default = args.emit is None
+    args.emit = args.emit or "mlir"
     if args.split_input_file and args.emit != "mlir":
         raise BnfoldError("--split-input-file works with --emit mlir only")
     if args.target_version and args.emit != "portable":
@@ -270,6 +283,14 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.quant_encodings and not quantizes:
         raise BnfoldError("--quant-encodings needs --quantize-weights, or a pipeline pass "
                           "that quantizes (it describes the quantized weights)")
+    if not args.check and (args.check_tolerance is not None or args.check_dim):
+        raise BnfoldError("--check-tolerance and --check-dim set up --check; add --check")
+    if args.check_tolerance is not None and not 0 < args.check_tolerance < float("inf"):
+        raise BnfoldError(f"--check-tolerance {args.check_tolerance:g}: expected a positive "
+                          "relative tolerance (e.g. 1e-4)")
+    if args.check and args.split_input_file:
+        raise BnfoldError("--check compares one module with its output; it does not work "
+                          "with --split-input-file")
     if args.report_overlay == "-":
         raise BnfoldError("--report-overlay writes two files (FILE.json and FILE.output.json); "
                           "give it a file name, not '-'")
@@ -280,6 +301,8 @@ def _run(args: argparse.Namespace, name: str) -> int:
     report = Report()
     out: bytes | Callable[[BinaryIO], None]
     overlays: tuple[bytes, bytes] | None = None
+    folded_exported: tuple[Any, Folded] | None = None
+    data: bytes | None = None
     if args.split_input_file:
         results = [_process(args, options, name, bound, report, data=chunk)
                    for chunk in _split(_read(args.input))]
@@ -294,8 +317,20 @@ def _run(args: argparse.Namespace, name: str) -> int:
                 sys.stdout.buffer.flush()
             return 1
     else:
-        if args.input == "-":
-            module = _process(args, options, name, bound, report, data=_read("-"))
+        data = _read("-") if args.input == "-" else _exported_file(args.input)
+        if data is not None and _is_exported(data):
+            folded_exported = _process_exported(args, options, name, bound, report,
+                                                data, emit_default)
+            module = folded_exported[1] if folded_exported else None
+        elif args.emit == "exported":
+            if args.input != "-":
+                _read(args.input)  # a missing file says so first
+            raise BnfoldError("--emit exported needs a serialized jax.export.Exported as input "
+                              "(the bytes of Exported.serialize()); for a module use --emit "
+                              "portable (the StableHLO artifact inside an Exported)",
+                              location=name)
+        elif args.input == "-":
+            module = _process(args, options, name, bound, report, data=data)
         else:
             if not os.path.exists(args.input) or os.path.isdir(args.input):
                 _read(args.input)  # raises the "cannot read" error
@@ -303,8 +338,12 @@ def _run(args: argparse.Namespace, name: str) -> int:
         if module is None:
             return 1
         out = functools.partial(_write_module, module, args)
+        if args.emit == "exported" and folded_exported:
+            out = bytes(folded_exported[0].serialize())
         if args.report_overlay:
             overlays = _overlays(module, report, name)
+        if args.check and not _check(args, name, bound, module, folded_exported, data):
+            return 1
     outputs.set_data("-o", out)
     if args.report:
         outputs.set_data("--report", (report.dumps() if args.report_format == "json"
@@ -366,6 +405,51 @@ def _check_pipeline_flags(args: argparse.Namespace, in_pipeline: dict[int, FoldO
                       location=options.cli_spelling(given[0][0]))
 
 
+def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
+    from bnfold.check import DEFAULT_DIM, TOLERANCE
+
+    table = ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
+    parser.add_argument("--check", action="store_true",
+                        help="run the original and the output on XLA CPU with seeded inputs "
+                             "of @main's shapes (integers for integer arguments) and print the "
+                             "max relative difference, and both modules' error against the "
+                             "original evaluated in float64 where it can be; past the "
+                             f"tolerance ({table}, of the narrowest float type the original "
+                             "computes in) exit 1 and write nothing")
+    parser.add_argument("--check-tolerance", type=float, metavar="RTOL",
+                        help="--check's tolerance for every output instead of the table "
+                             "(e.g. 0.05 with --quantize-weights, which changes the weights)")
+    parser.add_argument("--check-dim", action="append", default=[], metavar="NAME=SIZE",
+                        help="--check's size of a symbolic dimension (jax.export's name, e.g. "
+                             f"b=4, or argK.D); default {DEFAULT_DIM}; repeatable")
+
+
+def _check(args: argparse.Namespace, name: str, bound: dict[str | int, Any] | None,
+           module: Folded, folded_exported: tuple[Any, Folded] | None,
+           data: bytes | None) -> bool:
+    """--check: the original and the output on XLA CPU; prints the verdict."""
+    from bnfold import check
+
+    if folded_exported is not None:
+        from bnfold.jax_export import deserialize
+
+        assert data is not None
+        original: bytes = deserialize(data, name=name).mlir_module_serialized
+    else:
+        original = data if data is not None else _read(args.input)
+    result = check.check(original, module.module, name=name,
+                         bindings=bound if args.bind_func == "main" else None,
+                         dims=check.parse_dims(args.check_dim),
+                         tolerance=args.check_tolerance)
+    print(f"{PROG}: {name}: {result.summary()}", file=sys.stderr)
+    if not result.passed:
+        hint = (" (--quantize-weights changes the weights: give --check-tolerance)"
+                if getattr(args, "quantize_weights", None) else "")
+        print(f"{PROG}: {name}: the output is not equivalent on XLA CPU{hint}; no output "
+              "written", file=sys.stderr)
+    return result.passed
+
+
 def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
     """Serves both modules until Ctrl+C or SIGTERM; the temporary copies go either way
     (the outputs are written by now: an interrupt here is how the server stops)."""
@@ -424,6 +508,54 @@ def _json(data: Any) -> bytes:
     import json  # only for --report-overlay (start-up time)
 
     return (json.dumps(data, indent=1) + "\n").encode()
+
+
+def _exported_file(path: str) -> bytes | None:
+    """The file's bytes when its start looks like a serialized jax.export.Exported (a
+    flatbuffer, not MLIR); None otherwise (MLIR reads the file itself)."""
+    from bnfold import ir as bir
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+            if not bir.looks_like_exported(head, head_only=True):
+                return None
+            return head + f.read()
+    except OSError:
+        return None  # the MLIR path reports it
+
+
+def _is_exported(data: bytes) -> bool:
+    from bnfold import ir as bir
+
+    return bir.looks_like_exported(data)
+
+
+def _process_exported(args: argparse.Namespace, options: FoldOptions, name: str,
+                      bound: dict[str | int, Any] | None, report: Report, data: bytes,
+                      emit_default: bool) -> tuple[Any, Folded] | None:
+    """A serialized jax.export.Exported: binds (--bind-params by @main's argument names),
+    folds and rebuilds it (`bnfold.jax_export.fold_serialized`); `--emit exported` (the
+    default here) writes the new Exported's bytes."""
+    from bnfold.jax_export import fold_serialized
+
+    if emit_default:
+        args.emit = "exported"
+    if args.visualize or args.bind_func != "main":
+        raise BnfoldError("a serialized jax.export.Exported works without --visualize and "
+                          "--bind-func (its parameters are @main's arguments)", location=name)
+    try:
+        exported, folded = fold_serialized(
+            data, bound, name=name, options=options,
+            allow_unregistered=args.allow_unregistered_dialect,
+            pass_pipeline=args.pass_pipeline, graph_nodes=bool(args.report_overlay))
+    except BnfoldError as e:
+        print(_error_line(e), file=sys.stderr)
+        return None
+    report.merge(folded.report)
+    if _retained is not None:
+        _retained.append(folded)
+    return exported, folded
 
 
 def _write_module(folded: Folded, args: argparse.Namespace, file: BinaryIO) -> None:

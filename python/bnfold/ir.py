@@ -10,9 +10,14 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import io
+import os
 import re
 from collections.abc import Iterator, Sequence
 from typing import BinaryIO, Literal, cast
+
+# What `import jax` does first: XLA's C++ logging reads its level when jaxlib loads, and
+# without it the CPU backend's start (--check) prints its devices at INFO on stderr.
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
 import jaxlib.mlir._mlir_libs._jax_mlir_ext as _jax_mlir_ext
 from jaxlib.mlir import ir, passmanager
@@ -70,6 +75,45 @@ def detect_format(data: bytes) -> Format:
     return "portable" if b"vhlo" in data[:4096] or b"StableHLO_v" in data[:64] else "bytecode"
 
 
+ACCEPTED_FORMATS = ("expected MLIR text, MLIR bytecode, a StableHLO portable artifact "
+                    "(VHLO bytecode) or a serialized jax.export.Exported "
+                    "(Exported.serialize())")
+
+
+def looks_like_exported(data: bytes, *, head_only: bool = False) -> bool:
+    """The start of a flatbuffer as `jax.export.Exported.serialize()` writes it: a root
+    table offset, its vtable inside the data, and the module's portable artifact (MLIR
+    bytecode) somewhere in it (not checked when `data` is only the file's head). A
+    cheap test: `deserialize_exported` decides."""
+    if len(data) < 16 or data.startswith(_BYTECODE_MAGIC):
+        return False
+    root = int.from_bytes(data[:4], "little")
+    if root < 4 or root % 4 or root + 4 > len(data):
+        return False
+    vtable = root - int.from_bytes(data[root:root + 4], "little", signed=True)
+    if not 4 <= vtable <= len(data) - 4:
+        return head_only and vtable >= 4
+    size = int.from_bytes(data[vtable:vtable + 2], "little")
+    return 4 <= size <= 256 and size % 2 == 0 and (head_only or _BYTECODE_MAGIC in data)
+
+
+def deserialize_exported(data: bytes) -> object | None:
+    """The `jax.export.Exported` that `data` (the bytes of `Exported.serialize()`)
+    holds, or None when it holds none (the reader does not validate: any error of
+    it, or a module that is not a portable artifact, means "not an Exported")."""
+    if not looks_like_exported(data):
+        return None
+    import jax
+
+    try:
+        exported = jax.export.deserialize(bytearray(data))
+        module = exported.mlir_module_serialized
+    except Exception:  # noqa: BLE001 - an unvalidated flatbuffer fails in any way
+        return None
+    return exported if isinstance(module, bytes) and module.startswith(_BYTECODE_MAGIC) \
+        else None
+
+
 def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> ir.Module:
     """Parses text, bytecode or a portable artifact; verifies the result.
 
@@ -79,7 +123,10 @@ def parse(data: bytes | str, context: ir.Context, *, name: str = "<input>") -> i
     raw = data.encode() if isinstance(data, str) else data
     fmt = detect_format(raw)  # empty input: an empty module (mlir-opt's convention)
     if fmt == "mlir" and b"\x00" in raw[:4096]:
-        raise BnfoldError("input is neither MLIR text nor MLIR bytecode", location=name)
+        raise BnfoldError(f"input is not a format bnfold reads: {ACCEPTED_FORMATS}"
+                          + ("; this looks like a serialized jax.export.Exported, which "
+                             "the command line and bnfold.jax_export.fold_exported read"
+                             if looks_like_exported(raw) else ""), location=name)
     with context, _read_errors(name):
         if fmt == "portable":
             return _deserialize(raw, context, name)
@@ -297,3 +344,22 @@ def interpret(module: ir.Module, inputs: Sequence[ir.Attribute]) -> list[ir.Attr
     must expand or reject those first (see `bnfold.numerics`).
     """
     return list(stablehlo.eval_module(module, list(inputs)))
+
+
+def xla_cpu_run(module: str | bytes, inputs: Sequence[object]) -> list[object]:
+    """Compiles a StableHLO module (text or bytecode) on XLA CPU, runs it once and
+    returns its outputs as numpy arrays (jax has no public API for running a module
+    that was not traced from Python: this uses its backend's compile_and_load)."""
+    import jax
+    import jax.extend
+    import numpy as np
+    from jax._src.lib import xla_client as xc
+
+    backend = jax.extend.backend.get_backend("cpu")
+    device = backend.devices()[0]
+    exe = backend.compile_and_load(module, xc.DeviceList((device,)), xc.CompileOptions())
+    # enable_x64 keeps f64/i64 inputs and outputs 64-bit for this call only.
+    with jax.enable_x64(True):
+        args = [jax.device_put(np.asarray(x), device) for x in inputs]
+        results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
+        return [np.asarray(r[0]) for r in results]

@@ -6,6 +6,10 @@
     jax.jit(folded.call)(x)
     blob = folded.serialize()           # and jax.export.deserialize(blob) works
 
+`fold_exported` also takes the bytes of `Exported.serialize()`, and
+`fold_serialized` (what `bnfold-opt exported.bin` runs) binds by the module's
+argument names instead of a pytree.
+
 The caller's `Exported` is never mutated: its module is deserialized into a
 fresh MLIR context, the bound arguments become constants and leave the
 signature, the module is folded and serialized again, and a new `Exported`
@@ -16,7 +20,7 @@ is built with `in_avals`, `in_tree`, `module_kept_var_idx`,
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,10 +28,10 @@ import numpy as np
 
 from bnfold.binding import find_function
 from bnfold.errors import BnfoldError
-from bnfold.pipeline import FoldOptions, fold_source
+from bnfold.pipeline import Folded, FoldOptions, fold_source
 from bnfold.report import Report
 
-__all__ = ["fold_exported", "fold_function", "FoldedFunction"]
+__all__ = ["fold_exported", "fold_function", "fold_serialized", "FoldedFunction"]
 
 
 def fold_exported(exported: Any, params: Any = None, *,
@@ -41,9 +45,16 @@ def fold_exported(exported: Any, params: Any = None, *,
     as `argnums=()`). Returns the new `Exported` and the fold report.
     Raises `BnfoldError` (a ValueError) listing every mismatched pytree path,
     shape or dtype.
+
+    `exported` may also be the bytes of `Exported.serialize()` (what a JAX team
+    saves to a file): they are deserialized first, and the result is an
+    `Exported` all the same (call `.serialize()` on it for bytes). Anything else
+    (a function, a jitted function, MLIR text) is a `TypeError` that says what
+    to pass.
     """
     from jax import tree_util
 
+    exported = as_exported(exported, "fold_exported")
     if params is None and argnums not in (None, ()):
         raise BnfoldError(f"argnums={argnums!r} names arguments to bind, but no params were "
                           "given: pass the pytree(s) to bind, or leave argnums out to fold "
@@ -88,22 +99,50 @@ def fold_exported(exported: Any, params: Any = None, *,
         raise BnfoldError("cannot bind parameters to the exported function:\n  " +
                          "\n  ".join(problems))
 
+    folded = fold_source(exported.mlir_module_serialized, name=exported.fun_name,
+                         options=options, bindings=_by_module_arg(exported, bound_flat))
+    return _rebuild(exported, nums, set(bound_flat), folded), folded.report
+
+
+def _module_offset(exported: Any, module: Any) -> int:
+    """How many arguments of @main come before the kept inputs (platform index, tokens)."""
+    n_inputs = len(find_function(module, "main").regions[0].blocks[0].arguments)
+    offset = n_inputs - len(exported.module_kept_var_idx)
+    if offset < 0:
+        raise BnfoldError("exported main has fewer arguments than kept inputs")
+    return offset
+
+
+def _by_module_arg(exported: Any, bound_flat: Mapping[int, np.ndarray]
+                   ) -> Callable[[Any], dict[str | int, Any]]:
     kept = list(exported.module_kept_var_idx)
 
     def by_module_arg(module: Any) -> dict[str | int, Any]:
         """Flat input positions -> argument indices of the module's @main."""
-        n_inputs = len(find_function(module, "main").regions[0].blocks[0].arguments)
-        offset = n_inputs - len(kept)  # platform index / effect tokens come first
-        if offset < 0:
-            raise BnfoldError("exported main has fewer arguments than kept inputs")
+        offset = _module_offset(exported, module)
         return {offset + kept.index(flat): value
                 for flat, value in bound_flat.items() if flat in kept}
 
-    folded_module = fold_source(exported.mlir_module_serialized, name=exported.fun_name,
-                                options=options, bindings=by_module_arg)
-    report = folded_module.report
-    serialized = folded_module.serialize("portable", target_version=_target_version())
+    return by_module_arg
 
+
+def _rebuild(exported: Any, nums: Sequence[int], bound_flat: Collection[int],
+             folded_module: Folded, *, keep_module: bool = False) -> Any:
+    """A new `Exported`: `folded_module` as its module, without the positional
+    arguments `nums` (whose flat inputs are `bound_flat`). Writing the portable
+    artifact turns the module into VHLO in place: `keep_module` writes a copy."""
+    from jax import tree_util
+
+    from bnfold.ir import parse
+
+    args_tree, kwargs_tree = exported.in_tree.children()
+    arg_trees = args_tree.children()
+    kept = list(exported.module_kept_var_idx)
+    source = folded_module
+    if keep_module:
+        source = Folded(parse(folded_module.serialize("bytecode"), folded_module.context),
+                        folded_module.context, folded_module.report)
+    serialized = source.serialize("portable", target_version=_target_version())
     remaining = [i for i in range(len(exported.in_avals)) if i not in bound_flat]
     renumber = {old: new for new, old in enumerate(remaining)}
     # Rebuild (args, kwargs) from placeholders: the export's treedefs may come
@@ -111,7 +150,7 @@ def fold_exported(exported: Any, params: Any = None, *,
     placeholders = tuple(tree_util.tree_unflatten(t, [0] * t.num_leaves)
                          for i, t in enumerate(arg_trees) if i not in nums)
     kwargs = tree_util.tree_unflatten(kwargs_tree, [0] * kwargs_tree.num_leaves)
-    folded = dataclasses.replace(
+    return dataclasses.replace(
         exported,
         in_tree=tree_util.tree_structure((placeholders, kwargs)),
         in_avals=tuple(exported.in_avals[i] for i in remaining),
@@ -121,7 +160,106 @@ def fold_exported(exported: Any, params: Any = None, *,
         mlir_module_serialized=serialized,
         _get_vjp=None,  # the original VJP would differentiate the unfolded module
     )
-    return folded, report
+
+
+def fold_serialized(data: bytes, params: Mapping[str | int, Any] | None = None, *,
+                    name: str = "<input>", options: FoldOptions | None = None,
+                    **source_options: Any) -> tuple[Any, Folded]:
+    """Folds the `jax.export.Exported` that `data` (its `serialize()` bytes) holds.
+
+    `params` binds inputs by the names of the module's @main arguments, as
+    `--bind-params` does (`params['conv']`, `x`, or `argN`); the bound inputs
+    must be whole positional arguments of the exported function (every leaf of
+    its pytree that the module uses). Returns the new `Exported` (the bound
+    arguments gone) and the folded module with its report. `source_options` go
+    to `fold_source` (allow_unregistered, pass_pipeline, graph_nodes).
+    """
+    from jax import tree_util
+
+    exported = deserialize(data, name=name)
+    kept = list(exported.module_kept_var_idx)
+    chosen: list[int] = []
+
+    def bindings(module: Any) -> dict[str | int, Any]:
+        from bnfold.binding import argument_names, resolve
+
+        offset = _module_offset(exported, module)
+        names = argument_names(find_function(module, "main"))
+        found: dict[str | int, Any] = {}
+        for key, value in (params or {}).items():
+            index = resolve(key, names)
+            if index is not None and index < offset:
+                raise BnfoldError(f"'{key}' names argument {index} of @main, which jax.export "
+                                  "added (platform index or effect token): it cannot be bound",
+                                  location=name)
+            if index is not None:
+                chosen.append(kept[index - offset])
+            found[key if index is None else index] = value
+        return found
+
+    folded = fold_source(data=exported.mlir_module_serialized, name=name, options=options,
+                         bindings=bindings, **source_options)
+    args_tree, kwargs_tree = exported.in_tree.children()
+    arg_trees = args_tree.children()
+    starts = np.cumsum([0] + [t.num_leaves for t in arg_trees])
+    nums: list[int] = []
+    problems: list[str] = []
+    paths = [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(
+        tree_util.tree_unflatten(exported.in_tree, [0] * exported.in_tree.num_leaves))[0]]
+    for n in range(len(arg_trees)):
+        used = [i for i in range(int(starts[n]), int(starts[n + 1])) if i in kept]
+        bound = [i for i in used if i in chosen]
+        if bound and len(bound) < len(used):
+            missing = [paths[i] for i in used if i not in chosen]
+            problems.append(f"positional argument {n} is bound in part: bind all of its "
+                            f"leaves (missing {', '.join(missing[:8])}"
+                            f"{' ...' if len(missing) > 8 else ''}) or none")
+        elif bound:
+            nums.append(n)
+    if any(i >= int(starts[-1]) for i in chosen):
+        problems.append("keyword arguments cannot be bound (bind positional arguments only)")
+    if problems:
+        raise BnfoldError("cannot bind parameters to the exported function:\n  "
+                          + "\n  ".join(problems), location=name)
+    bound_flat = {i for n in nums for i in range(int(starts[n]), int(starts[n + 1]))}
+    return _rebuild(exported, nums, bound_flat, folded, keep_module=True), folded
+
+
+def as_exported(value: Any, caller: str) -> Any:
+    """`value` as a `jax.export.Exported`: itself, or the one its serialized bytes hold.
+
+    Raises `TypeError` naming what was expected for any other object, and
+    `BnfoldError` for bytes that are not a serialized `Exported`.
+    """
+    import jax
+
+    if isinstance(value, jax.export.Exported):
+        return value
+    if isinstance(value, bytes | bytearray | memoryview):
+        return deserialize(bytes(value), name="<bytes>")
+    if isinstance(value, str):
+        hint = ("MLIR text: use bnfold.fold_text" if value.lstrip().startswith(("module", "func", "#"))
+                or "\n" in value else "a path? read it (open(path, 'rb').read()) and pass the bytes")
+        got = f"a str ({hint})"
+    elif callable(value):
+        got = (f"a function ({getattr(value, '__name__', type(value).__name__)}): export it first "
+               "(jax.export.export(jax.jit(f))(params, x)), or use "
+               "bnfold.jax_export.fold_function(f, params, x)")
+    else:
+        got = type(value).__qualname__
+    raise TypeError(f"{caller} expects a jax.export.Exported (jax.export.export(jax.jit(f))(*args)) "
+                    f"or the bytes of its serialize(); got {got}")
+
+
+def deserialize(data: bytes, *, name: str = "<input>") -> Any:
+    """`jax.export.deserialize(data)`, or a `BnfoldError` that says what `data` is not."""
+    from bnfold import ir as bir
+
+    exported = bir.deserialize_exported(data)
+    if exported is None:
+        raise BnfoldError(f"not a serialized jax.export.Exported (expected the bytes of "
+                          f"Exported.serialize(); {bir.ACCEPTED_FORMATS})", location=name)
+    return exported
 
 
 def _target_version() -> str:

@@ -74,6 +74,8 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     lets `options.skip_functions` name functions this module lacks (the CLI checks
     them over every chunk of a split input). Raises `BnfoldError` for bad input.
     """
+    if data is not None:
+        check_source(data, "fold_source")
     context = make_context(allow_unregistered=allow_unregistered)
     if path is not None:
         module = parse_path(path, context, name=name)
@@ -84,8 +86,10 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
     with context, ir.Location.unknown():
         input_functions = _function_names(module)
         values = bindings(module) if callable(bindings) else bindings
+        parameters: dict[str, str] = {}
         if values:
-            bind_arguments(module, values, function=bind_function, source_name=name)
+            bind_arguments(module, values, function=bind_function, source_name=name,
+                           names_out=parameters)
         if pass_pipeline is None:
             report = fold_module(module, options, source_name=name, graph_nodes=graph_nodes,
                                  check_skipped=check_skipped)
@@ -94,12 +98,45 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
 
             report = run_pipeline(module, pass_pipeline, source_name=name, graph_nodes=graph_nodes,
                                   check_skipped=check_skipped)
+        if parameters:  # quantized weights are named by the parameter they came from
+            report.name_parameters(parameters)
         output_nodes = None
         if graph_nodes:  # the marks the fold left on producers go into the node data
             from bnfold import overlay
 
             output_nodes = overlay.output_overlay(module, report)
     return Folded(module, context, report, input_functions, output_nodes)
+
+
+_PATH_SUFFIXES = (".mlir", ".mlirbc", ".stablehlo", ".bc", ".bin", ".txt")
+
+
+def check_source(data: object, caller: str) -> None:
+    """`data` is a module's contents (str or bytes), not a file name or another object.
+
+    Raises `TypeError` for other types and `BnfoldError` for a one-line string that
+    looks like a path (it would parse as IR and fail with a confusing diagnostic).
+    """
+    if not isinstance(data, str | bytes | bytearray | memoryview):
+        raise TypeError(f"{caller} expects MLIR text or bytes (a module's contents), got "
+                        f"{_describe(data)}")
+    if isinstance(data, bytes | bytearray | memoryview):
+        return
+    line = data.strip()
+    if not line or "\n" in line or any(c in line for c in "{}()%=<>"):
+        return
+    import os
+
+    if line.endswith(_PATH_SUFFIXES) or os.path.isfile(line):
+        raise BnfoldError(f"{caller} expects MLIR text, got {line!r}, which looks like a path: "
+                          f"pass the file's contents (open(path).read()) or use "
+                          f"bnfold.fold_source(path={line!r})")
+
+
+def _describe(value: object) -> str:
+    kind = type(value)
+    return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else \
+        kind.__qualname__
 
 
 def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
@@ -119,6 +156,12 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
     run corrects. Raises `BnfoldError` if the module does not verify afterwards
     (a bnfold bug: please file the reproducer).
     """
+    if isinstance(module, str | bytes | bytearray) or not hasattr(module, "operation"):
+        hint = (" (MLIR text: use bnfold.fold_text, or parse it first with "
+                "bnfold.ir.parse(text, bnfold.ir.make_context()))"
+                if isinstance(module, str | bytes | bytearray) else "")
+        raise TypeError(f"fold_module expects a parsed jaxlib.mlir.ir.Module, got "
+                        f"{_describe(module)}{hint}")
     options = options or FoldOptions()
     rewriter = Rewriter()
     with module.context, ir.Location.unknown():

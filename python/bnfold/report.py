@@ -16,6 +16,7 @@ keys `<fold id>/<name>`.
 from __future__ import annotations
 
 import itertools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -139,6 +140,11 @@ class Quantized:
     # "scale": one value per tensor or per output channel; "bias_shift": the expected
     # output shift taken out of the bias (per output channel)
     params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    # the raw location of the constant the weight came from, and the name of the bound
+    # parameter it is (`params/Conv_0/kernel`), when it came from one (--bind-params,
+    # fold_exported's pytree; set by `Report.name_parameters`)
+    weight_location: str = field(default="", repr=False)
+    parameter: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         scale = self.params["scale"]
@@ -148,8 +154,9 @@ class Quantized:
             "storage": self.storage, "axis": self.axis,
             "scale": float(scale) if scale.ndim == 0 else [float(v) for v in scale],
             "weight_sqnr_db": self.weight_sqnr_db,
-        } | ({"bias_correction": self.bias_correction} if self.bias_correction is not None
-             else {})
+        } | ({"parameter": self.parameter} if self.parameter else {}) | (
+            {"bias_correction": self.bias_correction} if self.bias_correction is not None
+            else {})
 
     def encoding(self) -> list[dict[str, Any]]:
         """AIMET's encoding entries, one per tensor or per output channel: symmetric, in its
@@ -161,6 +168,24 @@ class Quantized:
                  "max": (low - 1) * float(v)} for v in np.atleast_1d(self.params["scale"])]
 
 
+
+
+_PATH_PART_RE = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([A-Za-z_]\w*)")
+
+
+def parameter_path(name: str) -> str:
+    """A pytree key path as a '/'-separated name, as AIMET encodings and Flax write them:
+    `params['Conv_0']['kernel']` -> `params/Conv_0/kernel`; `[0].weight` -> `0/weight`;
+    any other name as it is."""
+    head = re.match(r"[A-Za-z_]\w*", name)
+    parts = [head.group(0)] if head else []
+    position = head.end() if head else 0
+    for match in _PATH_PART_RE.finditer(name, position):
+        if match.start() != position:
+            return name
+        parts.append(next(g for g in match.groups() if g is not None))
+        position = match.end()
+    return "/".join(parts) if position == len(name) and parts else name
 
 
 def _missed(title: str, column: str, skips: list[Skip]) -> list[str]:
@@ -247,15 +272,31 @@ class Report:
 
     def encodings(self) -> dict[str, Any]:
         """The quantized weights as an AIMET-style encodings file (`--quant-encodings`):
-        `{"version": ..., "param_encodings": {producer location: [entry, ...]}}`; a producer
-        inlined into several call sites has one key per copy (`loc#1`, ...)."""
+        `{"version": ..., "param_encodings": {name: [entry, ...]}, "param_locations":
+        {name: producer location}}`. A weight that came from a bound parameter
+        (--bind-params, fold_exported's pytree) is keyed by the parameter's name
+        (`params/Conv_0/kernel`, as tools that read AIMET encodings expect), any other by
+        its producer's location; a key used twice (a producer inlined into several call
+        sites, a parameter shared by two layers) gets `#1`, `#2`, ..."""
         found: dict[str, Any] = {}
+        where: dict[str, str] = {}
         for q in self.quantized:
-            key, n = q.producer, 1
+            base = q.parameter or q.producer
+            key, n = base, 1
             while key in found:
-                key, n = f"{q.producer}#{n}", n + 1
+                key, n = f"{base}#{n}", n + 1
             found[key] = q.encoding()
-        return {"version": "0.6.1", "activation_encodings": {}, "param_encodings": found}
+            where[key] = q.producer
+        return {"version": "0.6.1", "activation_encodings": {}, "param_encodings": found,
+                "param_locations": where}
+
+    def name_parameters(self, names: dict[str, str]) -> None:
+        """Names each quantized weight read from a bound parameter's constant: `names`
+        maps the raw location of each bound argument to the parameter's name."""
+        for q in self.quantized:
+            name = names.get(q.weight_location) if q.weight_location else None
+            if name is not None:
+                q.parameter = parameter_path(name)
 
     def dumps(self) -> str:
         import json  # only when a report is written (start-up time)

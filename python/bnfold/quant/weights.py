@@ -352,7 +352,25 @@ def _record(ctx: Context, p: Plan, copy: ir.Operation) -> Quantized:
         producer_op=p.layer.op.name, function=function_name(copy), bits=options.bits,
         granularity=options.quantize_granularity or "per-tensor", storage=p.weights.storage,
         axis=p.layer.out_axis, weight_sqnr_db=p.sqnr, bias_correction=correction,
-        params=params)
+        params=params, weight_location=_weight_location(p.layer.kernel))
+
+
+def _weight_location(kernel: producers.Kernel) -> str:
+    """The location of the constant the weight was read from (a bound parameter's constant
+    has its argument's location: `report.name_parameters` names the weight by it), through
+    the reshapes, transposes and converts a kernel computed from one constant passes."""
+    if kernel.anchor is not None:
+        return str(kernel.anchor.location)
+    owner = defining_op(kernel.value)
+    for _ in range(8):
+        if owner is None:
+            break
+        if owner.name == "stablehlo.constant":
+            return str(owner.location)
+        if len(owner.operands) != 1:
+            break
+        owner = defining_op(owner.operands[0])
+    return ""
 
 
 class QuantizeWeights(Pattern[Root, Layer, Plan]):
