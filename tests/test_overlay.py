@@ -53,14 +53,15 @@ def test_input_overlay_marks_folded_and_skipped_ops_with_reasons(tmp_path: Path)
     assert sorted(ops[("main", n)] for n in folded) == ["stablehlo.add", "stablehlo.multiply"]
     assert all("fold0" in e["value"] and "stablehlo.convolution" in e["value"]
                for e in folded.values())
-    # ... the second normalization names its reason.
-    assert [ops[("main", n)] for n in skipped] == ["stablehlo.multiply"]
-    (reason,) = skipped.values()
-    assert reason["value"].startswith("not folded: ") and "argument" in reason["value"]
+    # ... the second normalization is red on every op (issue 32 item 7: it was one op, where
+    # a folded one is all of its ops), each with the code first and then the reason.
+    assert sorted(ops[("main", n)] for n in skipped) == ["stablehlo.add", "stablehlo.multiply"]
+    (reason,) = {e["value"] for e in skipped.values()}
+    assert reason.startswith("NOT FOLDED (no-producer): ") and "argument" in reason
     after = json.loads((tmp_path / "folds.output.json").read_text())["main"]["results"]
     folded_ops = _ops(out.read_text())
     assert [(folded_ops[("main", n)], e["value"]) for n, e in after.items()] == \
-        [("stablehlo.convolution", "absorbed fold0")]
+        [("stablehlo.convolution", "ABSORBED fold0")]
 
 
 def test_report_overlay_needs_a_file(tmp_path: Path):
@@ -91,7 +92,7 @@ def test_graph_nodes_leave_no_marks_in_the_output(pipeline):
     folded = bnfold.fold_source(MODULE, graph_nodes=True, pass_pipeline=pipeline)
     assert "bnfold." not in folded.serialize().decode()
     (entry,) = folded.output_nodes["main"]["results"].values()
-    assert entry["value"] == f"absorbed {folded.report.folds[0].id}"
+    assert entry["value"] == f"ABSORBED {folded.report.folds[0].id}"
     assert bnfold.fold_source(MODULE).output_nodes is None
 
 
@@ -134,7 +135,20 @@ def test_viz_prepare_writes_both_models_and_their_node_data(tmp_path: Path):
     assert "stablehlo.convolution" in view.output.read_text()
     before = json.loads(view.input_overlay.read_text())["main"]["results"]
     after = json.loads(view.output_overlay.read_text())["main"]["results"]
-    assert len(before) == 3 and list(after.values())[0]["value"] == "absorbed fold0"
+    assert len(before) == 4 and list(after.values())[0]["value"] == "ABSORBED fold0"
+    # What Model Explorer opens: both modules' functions in one, each with its node data,
+    # the input on the left and the folded copy on the right (issue 32 item 7).
+    both = view.both.read_text()
+    assert '@main(' in both and '@"main (folded)"(' in both
+    context, module = support.parse(both)
+    with context:
+        graphs = {graph for _, (graph, _) in overlay.nodes(module)}
+    data = json.loads(view.both_overlay.read_text())
+    assert set(data) == {"main", "main (folded)"} <= graphs
+    assert data["main"]["results"] == before and data["main (folded)"]["results"] == after
+    panes = view.ui_state["paneStates"]
+    assert [(p["selectedGraphId"], p["widthFraction"]) for p in panes] == \
+        [("main", 0.5), ("main (folded)", 0.5)]
 
 
 def test_visualize_without_the_extra_is_a_clear_error(tmp_path: Path, monkeypatch, capsys):
@@ -201,11 +215,13 @@ def test_visualize_serves_the_input_and_the_folded_module(tmp_path: Path):
             assert page.status == 200
         data = json.loads(urllib.parse.unquote(url.split("data=", 1)[1]))
         models = [Path(m["url"]) for m in data["models"]]
-        assert [m.name for m in models] == ["model.input.mlir", "model.folded.mlir"]
+        assert [m.name for m in models] == ["model.both.mlir"]
         assert all(m.parent.parent == temp for m in models)
         assert data["nodeDataTargets"] == [m.name for m in models]
-        overlays = [json.loads(Path(p).read_text()) for p in data["nodeData"]]
-        assert overlays[0]["main"]["results"] and overlays[1]["main"]["results"]
+        (both,) = [json.loads(Path(p).read_text()) for p in data["nodeData"]]
+        assert both["main"]["results"] and both["main (folded)"]["results"]
+        panes = data["uiState"]["paneStates"]
+        assert [p["selectedGraphId"] for p in panes] == ["main", "main (folded)"]
     finally:
         server.terminate()
         server.wait(timeout=30)

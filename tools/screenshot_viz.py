@@ -37,46 +37,95 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("png", type=Path)
     parser.add_argument("--port", type=int, default=8124)
     parser.add_argument("--wait", type=float, default=15.0,
-                        help="seconds for Model Explorer to convert and lay out the graph")
+                        help="seconds for Model Explorer to convert and lay out the graphs")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
-    parser.add_argument("--single", action="store_true",
-                        help="only the input graph (default: input and output side by side)")
     args = parser.parse_args(argv)
-    from playwright.sync_api import sync_playwright
-
-    with tempfile.TemporaryDirectory() as tmp:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "bnfold", str(args.module), "-o", f"{tmp}/folded.mlir",
-             "--visualize", "--visualize-port", str(args.port)],
-            stdout=subprocess.PIPE, text=True)
-        try:
-            url = _url(server)
-            with sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=args.chromium,
-                                            args=["--no-sandbox", "--enable-unsafe-swiftshader"])
-                page = browser.new_page(viewport={"width": 1800, "height": 1000})
-                page.goto(url)
-                time.sleep(args.wait)
-                if not args.single:
-                    _open_output_in_split_pane(page, args.wait)
-                page.screenshot(path=str(args.png))
-                browser.close()
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+    panes = capture(args.module, args.png, port=args.port, wait=args.wait, chromium=args.chromium)
+    for title, colours in panes:
+        print(f"{title}: " + ", ".join(f"{n} {name} pixels" for name, n in colours.items()))
     print(f"wrote {args.png}")
     return 0
 
 
-def _open_output_in_split_pane(page: Any, wait: float) -> None:
-    """Graph selector -> the folded module's `main (2)` row -> its split-pane icon
-    (the last thing on the row, at the selector panel's right edge)."""
-    page.get_by_text(" nodes").first.click()
-    time.sleep(1.5)
-    panel = page.get_by_placeholder("Filter graphs").bounding_box()
-    row = page.get_by_text("main (2)").first.bounding_box()
-    page.mouse.click(panel["x"] + panel["width"] - 10, row["y"] + row["height"] / 2)
-    time.sleep(wait)
+COLOURS = {"folded": (0xa5, 0xd6, 0xa7), "not folded": (0xef, 0x9a, 0x9a), "absorbed": (0x90, 0xca, 0xf9)}
+
+
+def capture(module: Path, png: Path, *, port: int = 8124, wait: float = 15.0,
+            chromium: str = "/usr/bin/chromium") -> list[tuple[str, dict[str, int]]]:
+    """Serves `module` with `bnfold-opt --visualize`, loads the page in headless Chromium,
+    shows the right pane's node data too (Model Explorer selects it in the first pane only),
+    saves a screenshot, and returns each pane's title with the count of pixels of each of
+    bnfold's colours inside that pane's graph (the drawing, not the side panel's table)."""
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "bnfold", str(module), "-o", f"{tmp}/folded.mlir",
+             "--visualize", "--visualize-port", str(port)],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        try:
+            url = _url(server)
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=chromium,
+                                            args=["--no-sandbox", "--enable-unsafe-swiftshader"])
+                page = browser.new_page(viewport={"width": 1800, "height": 1000})
+                page.goto(url)
+                page.wait_for_selector("canvas", timeout=120_000)
+                time.sleep(wait)
+                hidden = page.get_by_text("visibility_off", exact=True)
+                for i in range(hidden.count()):
+                    hidden.nth(0).click()  # each click shows one; the list shrinks
+                    time.sleep(1.0)
+                time.sleep(2.0)
+                page.screenshot(path=str(png))
+                panes = _panes(page, Path(tmp))
+                browser.close()
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+    return panes
+
+
+def _panes(page: Any, tmp: Path) -> list[tuple[str, dict[str, int]]]:
+    """Each graph canvas's pane title and colour counts (element screenshots, decoded by
+    the browser itself: no image library needed)."""
+    import base64
+
+    found = []
+    canvases = page.locator("canvas")
+    titles = page.get_by_text(" | main", exact=False)
+    for i in range(canvases.count()):
+        canvas = canvases.nth(i)
+        box = canvas.bounding_box()
+        if box is None or box["width"] < 200:
+            continue  # not a graph (icons, minimaps)
+        png = base64.b64encode(canvas.screenshot()).decode()
+        counts = page.evaluate(_COUNT_JS, {"png": png, "colours": COLOURS})
+        title = titles.nth(len(found)).inner_text() if titles.count() > len(found) else ""
+        found.append((title.strip(), {name: int(n) for name, n in counts.items()}))
+    return found
+
+
+_COUNT_JS = """async ({png, colours}) => {
+  const image = new Image();
+  image.src = "data:image/png;base64," + png;
+  await image.decode();
+  const canvas = document.createElement("canvas");
+  canvas.width = image.width; canvas.height = image.height;
+  const context = canvas.getContext("2d");
+  context.drawImage(image, 0, 0);
+  const data = context.getImageData(0, 0, image.width, image.height).data;
+  const counts = {};
+  for (const [name, rgb] of Object.entries(colours)) {
+    let n = 0;
+    for (let k = 0; k < data.length; k += 4) {
+      if (Math.abs(data[k] - rgb[0]) <= 6 && Math.abs(data[k + 1] - rgb[1]) <= 6 &&
+          Math.abs(data[k + 2] - rgb[2]) <= 6) n++;
+    }
+    counts[name] = n;
+  }
+  return counts;
+}"""
 
 
 def _url(server: subprocess.Popen[str]) -> str:

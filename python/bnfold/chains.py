@@ -188,7 +188,8 @@ def explain(ctx: Context, found: Candidates) -> None:
         attempted = notes is not None and affine.normalizes(rest)
         if not (attempted or affine.looks_like_normalization(rest)):
             continue
-        ledger.refuse(norm, _reason(ctx, Chain(tuple(rest)), notes or Notes(norm)))
+        ledger.refuse(norm, _reason(ctx, Chain(tuple(rest)), notes or Notes(norm)),
+                      [s.op for s in rest])
     for op in found.batch_norms:
         if not ledger.is_decided(op):
             ledger.refuse(op, _batch_norm_reason(op))

@@ -128,12 +128,18 @@ class Ledger:
             self._folded.add(key)
             self._refusals.pop(key, None)
 
-    def refuse(self, op: ir.Operation, refusal: Refusal) -> None:
-        """`op` (the op that names a normalization) does not fold, because `refusal`."""
+    def refuse(self, op: ir.Operation, refusal: Refusal, ops: Iterable[ir.Operation] = ()) -> None:
+        """`op` (the op that names a normalization, whose other ops are `ops`) does not
+        fold, because `refusal`."""
         key = self._rewriter.handle(op)
         if key in self._folded or key in self._refusals:
             return
-        self._refusals[key] = self._skip(op, refusal)
+        skip = self._skip(op, refusal)
+        for other in ops:  # every op of the normalization, for the overlay
+            node = self._nodes.get(self._rewriter.handle(other))
+            if node is not None and node not in skip.nodes:
+                skip.nodes.append(node)
+        self._refusals[key] = skip
 
     def refuse_equalization(self, op: ir.Operation, refusal: Refusal,
                             layers: Sequence[ir.Operation] = ()) -> None:

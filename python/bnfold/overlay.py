@@ -8,9 +8,9 @@ included (a terminator is an "Outputs" node), starting at 0; arguments are
 below key their entries by it, in Model Explorer's node-data format:
 
     {"main": {"name": "bnfold", "results": {
-        "14": {"value": "folded into stablehlo.convolution at model.mlir:12:10 (fold0)",
+        "14": {"value": "FOLDED (backward) into stablehlo.convolution at model.mlir:12:10 (fold0, 16 channels)",
                "bgColor": "#a5d6a7"},
-        "31": {"value": "not folded: the mean is function argument %arg3 ...",
+        "31": {"value": "NOT FOLDED (parameter-argument): the mean is function argument %arg3 ...",
                "bgColor": "#ef9a9a"}}}}
 
 The input overlay marks every op of every normalization: folded (into which
@@ -93,7 +93,7 @@ def input_overlay(report: Report) -> dict[str, Any]:
     """Node data for the input graph: each normalization op, folded or not."""
     graphs: dict[str, dict[str, Any]] = {}
     for fold in report.folds:
-        text = (f"folded ({fold.direction}) into {fold.producer_op} at {fold.producer} "
+        text = (f"FOLDED ({fold.direction}) into {fold.producer_op} at {fold.producer} "
                 f"({fold.id}, {fold.channels} channels)")
         if fold.note:
             text += f"; {fold.note}"
@@ -101,7 +101,7 @@ def input_overlay(report: Report) -> dict[str, Any]:
             _results(graphs, graph)[node] = {"value": text, "bgColor": FOLDED}
     for skip in report.skipped:
         for graph, node in skip.nodes:
-            _results(graphs, graph)[node] = {"value": f"not folded: {skip.reason}",
+            _results(graphs, graph)[node] = {"value": f"NOT FOLDED ({skip.code}): {skip.reason}",
                                              "bgColor": SKIPPED}
     return graphs
 
@@ -118,7 +118,7 @@ def output_overlay(module: ir.Module, report: Report) -> dict[str, Any]:
         del op.attributes[MARK]
         folds = [ids[u] for u in uids if u in ids]
         if folds:
-            _results(graphs, graph)[node] = {"value": f"absorbed {', '.join(folds)}",
+            _results(graphs, graph)[node] = {"value": f"ABSORBED {', '.join(folds)}",
                                              "bgColor": ABSORBED}
     return graphs
 

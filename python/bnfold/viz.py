@@ -6,11 +6,14 @@
 Both remove their temporary copies of the two modules when the server stops
 (Ctrl+C, SIGTERM, or an error); `prepare` writes them where you say and keeps them.
 
-Starts Model Explorer's local server on localhost with two models, the input
-and the folded output, and `bnfold.overlay`'s node data on each: normalization
-ops green (folded: into which producer, fold id, channels) or red (not folded,
-with the reason), producers that absorbed folds blue. Pick "bnfold" in the node
-data panel of each model; open the second model in a split pane to compare.
+Starts Model Explorer's local server on localhost and opens the input (left) and
+the folded output (right) side by side: one module holds both, the output's
+functions renamed `NAME (folded)`, with `bnfold.overlay`'s node data on each
+("bnfold" in the node data panel). The legend is in the colours and in each
+value's first word: every op of a normalization green (FOLDED: into which
+producer, fold id, channels) or red (NOT FOLDED: the code, then the reason), the
+producers that absorbed folds blue (ABSORBED). The layers (jax.export's name
+scopes) that hold a marked op open expanded.
 """
 
 from __future__ import annotations
@@ -22,15 +25,24 @@ import signal
 import socket
 import tempfile
 import threading
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from bnfold.errors import BnfoldError
-from bnfold.pipeline import FoldOptions, fold_source
+from bnfold.graph import callee_name, calls, functions, symbol_name
+from bnfold.ir import Format, ir, location_name, parse, serialize
+from bnfold.pipeline import Folded, FoldOptions, fold_source
 
 DEFAULT_PORT = 8080
+
+
+FOLDED_SUFFIX = " (folded)"  # the output's functions in the side-by-side module
+LEGEND = ("green FOLDED (every op of a normalization that folded), red NOT FOLDED (every op "
+          "of one that did not, with the code and the reason), blue ABSORBED (a producer "
+          "that took folds)")
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,12 @@ class View:
     output: Path  # the folded module, <stem>.folded.<ext>
     input_overlay: Path
     output_overlay: Path
-
+    # What Model Explorer opens: the input's functions and the output's, renamed
+    # NAME (folded), in one module (its app restores a split pane only within the
+    # first model it loads), and the node data of both.
+    both: Path  # <stem>.both.<ext>
+    both_overlay: Path
+    ui_state: dict[str, Any]  # the two panes, and the layers to expand in each
 
 def prepare(source: str | Path, directory: str | Path | None = None,
             options: FoldOptions | None = None) -> View:
@@ -54,24 +71,75 @@ def prepare(source: str | Path, directory: str | Path | None = None,
     where = Path(directory) if directory is not None else Path(tempfile.mkdtemp(prefix="bnfold-viz-"))
     where.mkdir(parents=True, exist_ok=True)
     ext = "mlirbc" if source.suffix == ".mlirbc" else "mlir"
-    view = View(where / f"{source.stem}.input.{ext}", where / f"{source.stem}.folded.{ext}",
-                where / f"{source.stem}.input.nodedata.json",
-                where / f"{source.stem}.folded.nodedata.json")
-    shutil.copyfile(source, view.input)
+    fmt: Format = "bytecode" if ext == "mlirbc" else "mlir"
+    before = overlay.input_overlay(folded.report)
     after = folded.output_nodes or {}
-    view.output.write_bytes(folded.serialize("bytecode" if ext == "mlirbc" else "mlir"))
-    view.input_overlay.write_text(json.dumps(overlay.input_overlay(folded.report), indent=1))
+    with folded.context:
+        both, ui_state = _side_by_side(source, folded, before, after)
+        both_bytes = serialize(both, fmt, debug_info=True)  # the locations name the layers
+    both_overlay = before | {graph + FOLDED_SUFFIX: data for graph, data in after.items()}
+    stem = where / source.stem
+    view = View(Path(f"{stem}.input.{ext}"), Path(f"{stem}.folded.{ext}"),
+                Path(f"{stem}.input.nodedata.json"), Path(f"{stem}.folded.nodedata.json"),
+                Path(f"{stem}.both.{ext}"), Path(f"{stem}.both.nodedata.json"), ui_state)
+    shutil.copyfile(source, view.input)
+    view.output.write_bytes(folded.serialize(fmt))
+    view.input_overlay.write_text(json.dumps(before, indent=1))
     view.output_overlay.write_text(json.dumps(after, indent=1))
+    view.both.write_bytes(both_bytes)
+    view.both_overlay.write_text(json.dumps(both_overlay, indent=1))
     return view
 
 
+def _side_by_side(source: Path, folded: Folded, before: dict[str, Any], after: dict[str, Any]
+                  ) -> tuple[ir.Module, dict[str, Any]]:
+    """The input module with the output's functions added as `NAME (folded)` (calls
+    retargeted), and Model Explorer's UI state: the entry function on the left, its
+    folded copy on the right, each with the layers that hold marked ops expanded."""
+    from bnfold import overlay
+
+    both = parse(source.read_bytes(), folded.context, name=str(source))
+    renamed = {symbol_name(f): symbol_name(f) + FOLDED_SUFFIX for f in functions(folded.module)}
+    for func in functions(folded.module):
+        copy = func.clone(ir.InsertionPoint(both.body))
+        copy.attributes["sym_name"] = ir.StringAttr.get(renamed[symbol_name(func)])
+        for call in calls([copy]):
+            if callee_name(call) in renamed:
+                call.attributes["callee"] = ir.FlatSymbolRefAttr.get(renamed[callee_name(call)])
+    layers: dict[str, set[str]] = {}
+    marked = {(graph, node) for graph, data in (before | {g + FOLDED_SUFFIX: d for g, d in after.items()}
+                                                ).items() for node in data["results"]}
+    for op, ref in overlay.nodes(both):
+        name = location_name(op.location) if ref in marked else None
+        if name and "/" in name:  # Model Explorer's layer: the name scope around the op
+            layers.setdefault(ref[0], set()).add(name.rsplit("/", 1)[0] + "___group___")
+    entry = "main" if "main" in renamed else next(iter(renamed), "main")
+
+    def pane(graph: str, left: bool) -> dict[str, Any]:
+        # Model Explorer restores the expanded layers of the first pane only; the second
+        # (the folded graph, the smaller one) shows every op without layers instead.
+        return {"deepestExpandedGroupNodeIds": sorted(layers.get(graph, ())), "selectedNodeId": "",
+                "selectedGraphId": graph, "selectedCollectionLabel": "", "widthFraction": 0.5,
+                "selected": left, "flattenLayers": not left}
+
+    return both, {"paneStates": [pane(entry, True), pane(renamed.get(entry, entry), False)]}
+
+
 def config(view: View) -> Any:
-    """A Model Explorer config with both models and each one's node data."""
+    """A Model Explorer config: the side-by-side module, its node data, and the UI state
+    (two panes, layers expanded) in the address the server opens."""
     model_explorer = _model_explorer()
-    cfg = model_explorer.config()
-    cfg.add_model_from_path(str(view.input)).add_model_from_path(str(view.output))
-    cfg.add_node_data_from_path(str(view.input_overlay), model_name=view.input.name)
-    cfg.add_node_data_from_path(str(view.output_overlay), model_name=view.output.name)
+    base = type(model_explorer.config())
+
+    class _Config(base):  # type: ignore[misc,valid-type]
+        def to_url_param_value(self) -> str:
+            data = json.loads(urllib.parse.unquote(super().to_url_param_value()))
+            data["uiState"] = view.ui_state
+            return urllib.parse.quote(json.dumps(data))
+
+    cfg = _Config()
+    cfg.add_model_from_path(str(view.both))
+    cfg.add_node_data_from_path(str(view.both_overlay), model_name=view.both.name)
     return cfg
 
 
