@@ -64,3 +64,23 @@ func.func @bias_correction(%x: tensor<1x4x4x1xf32>) -> tensor<1x4x4x1xf32> {
   %o = stablehlo.add %z, %c : tensor<1x4x4x1xf32>
   return %o : tensor<1x4x4x1xf32>
 }
+
+// -----
+
+// A bf16 weight: the integers are converted to f32 and multiplied by an f32 scale there
+// (max |W| = 1.2734375 in bf16; / 127 = 0.0100270668 in f32), and the product is
+// converted once to bf16.
+
+// CHECK-LABEL: @qdq_bf16
+// INT8:          %[[Q:.+]] = stablehlo.constant dense<{{\[\[\[\[}}127, -64], [30, 0]]]]> : tensor<1x1x2x2xi8>
+// INT8-NEXT:     %[[F:.+]] = stablehlo.convert %[[Q]] : (tensor<1x1x2x2xi8>) -> tensor<1x1x2x2xf32>
+// INT8-NEXT:     %[[S:.+]] = stablehlo.constant dense<0.0100270668> : tensor<f32>
+// INT8-NEXT:     %[[SB:.+]] = stablehlo.broadcast_in_dim %[[S]], dims = [] : (tensor<f32>) -> tensor<1x1x2x2xf32>
+// INT8-NEXT:     %[[W:.+]] = stablehlo.multiply %[[F]], %[[SB]] : tensor<1x1x2x2xf32>
+// CHECK:         %[[WB:.+]] = stablehlo.convert %{{.+}} : (tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xbf16>
+// CHECK-NEXT:    stablehlo.convolution(%{{.+}}, %[[WB]])
+func.func @qdq_bf16(%x: tensor<1x4x4x2xbf16>) -> tensor<1x4x4x2xbf16> {
+  %k = stablehlo.constant dense<[[[[1.27, -0.635], [0.3, 0.005]]]]> : tensor<1x1x2x2xbf16>
+  %y = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x4x4x2xbf16>, tensor<1x1x2x2xbf16>) -> tensor<1x4x4x2xbf16>
+  return %y : tensor<1x4x4x2xbf16>
+}

@@ -139,6 +139,10 @@ class Quantized:
     # "scale": one value per tensor or per output channel; "bias_shift": the expected
     # output shift taken out of the bias (per output channel)
     params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    # the module's weight is weight_type(scale_type(q) * scale), the product rounded once in
+    # scale_type, then converted to weight_type where they differ
+    scale_type: str = "f32"
+    weight_type: str = "f32"
 
     def to_json(self) -> dict[str, Any]:
         scale = self.params["scale"]
@@ -147,6 +151,7 @@ class Quantized:
             "function": self.function, "bits": self.bits, "granularity": self.granularity,
             "storage": self.storage, "axis": self.axis,
             "scale": float(scale) if scale.ndim == 0 else [float(v) for v in scale],
+            "scale_type": self.scale_type, "weight_type": self.weight_type,
             "weight_sqnr_db": self.weight_sqnr_db,
         } | ({"bias_correction": self.bias_correction} if self.bias_correction is not None
              else {})

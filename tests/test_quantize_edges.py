@@ -1,0 +1,147 @@
+"""--quantize-weights at the edges of the weight's type (issue 31), judged independently:
+the integers, scales and types read back from the output IR, the weights the module
+computes reproduced from them (tests/test_quantize.py's reader), XLA runs of the output,
+and float64 numpy on the original weights.
+"""
+
+from __future__ import annotations
+
+import json
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import bnfold
+import numerics
+from bnfold.cli import main
+from test_quantize import _dense, module_weights, quantized_kernels
+
+DTYPES = {"f16": np.dtype(np.float16), "bf16": np.dtype(ml_dtypes.bfloat16),
+          "f32": np.dtype(np.float32), "f64": np.dtype(np.float64)}
+SIGNIFICAND = {"f16": 11, "bf16": 8, "f32": 24, "f64": 53}
+
+CONV = """
+func.func @main(%x: tensor<1x1x1x{cin}x{t}>) -> tensor<1x1x1x{cout}x{t}> {{
+  %k = stablehlo.constant {k} : tensor<1x1x{cin}x{cout}x{t}>
+  %y = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<1x1x1x{cin}x{t}>, tensor<1x1x{cin}x{cout}x{t}>) -> tensor<1x1x1x{cout}x{t}>
+  return %y : tensor<1x1x1x{cout}x{t}>
+}}
+"""
+
+
+def conv(kernel: np.ndarray, t: str) -> str:
+    """A 1x1 convolution of a 1x1 image with `kernel` (cin x cout), element type `t`."""
+    cin, cout = kernel.shape
+    return CONV.format(cin=cin, cout=cout, t=t, k=_dense(kernel.reshape(1, 1, cin, cout)))
+
+
+def quantize(text: str, bits: int, granularity: str) -> bnfold.Folded:
+    return bnfold.fold_source(text, options=bnfold.FoldOptions(
+        quantize_weights=f"int{bits}", quantize_granularity=granularity))
+
+
+def half_ulp(values: np.ndarray, t: str) -> np.ndarray:
+    """At least half a unit in the last place of |values| in type t (normal numbers)."""
+    return np.abs(values) * 2.0 ** -SIGNIFICAND[t]
+
+
+def scale_of(scale: np.ndarray, granularity: str) -> np.ndarray:
+    """The module's scale read back, broadcast over a (1, 1, cin, cout) kernel."""
+    scale = np.asarray(scale, np.float64)
+    return scale.reshape(1, 1, 1, -1) if granularity == "per-channel" else scale
+
+
+# --- 1: a weight at the largest finite value of its type ---------------------------------------
+
+
+@pytest.mark.parametrize("granularity", ["per-tensor", "per-channel"])
+@pytest.mark.parametrize("t", ["f16", "bf16", "f32"])
+def test_a_weight_at_the_largest_value_of_its_type_stays_finite(t, granularity):
+    """f16 65504: scale max / 127 rounded up made 127 * scale = 65532, inf in f16; bf16 and
+    f32 at their largest value did the same (the module returned inf/nan, the report a weight
+    SQNR of -inf). Every weight the module computes is finite, within half a step plus one
+    rounding of the original, and XLA's output is finite and close to float64 numpy."""
+    dtype = DTYPES[t]
+    top = float(ml_dtypes.finfo(dtype).max)
+    kernel = np.array([[top, 0.25], [-0.9985, -1.0]]).astype(dtype).astype(np.float64)
+    text = conv(kernel, t)
+    out = quantize(text, 8, granularity)
+    assert len(out.report.quantized) == 1, out.report.table()
+    record = out.report.quantized[0]
+    assert np.isfinite(record.weight_sqnr_db) and record.weight_sqnr_db > 0
+    quantized = out.serialize().decode()
+    [(q, scale, _)] = quantized_kernels(quantized)
+    [(weights, _, _)] = module_weights(quantized)
+    original = kernel.reshape(1, 1, 2, 2)
+    step = scale_of(scale, granularity)
+    assert np.all(np.isfinite(weights)), weights
+    assert np.all(np.abs(q * step - original) <= step / 2 * (1 + 1e-12))
+    assert np.all(np.abs(weights - original) <= step / 2 * (1 + 1e-6) + half_ulp(original, t))
+    x = np.array([1e-3, 1.0]).astype(dtype).astype(np.float64)
+    [y] = numerics.run_xla(quantized, [x.reshape(1, 1, 1, 2).astype(dtype)])
+    y = np.asarray(y, np.float64).reshape(-1)
+    expected = x @ kernel  # float64 on the original
+    assert np.all(np.isfinite(y)), y
+    bound = np.abs(x) @ (np.abs(weights - original).reshape(2, 2)) + \
+        4 * half_ulp(np.abs(x) @ np.abs(kernel), t)
+    assert np.all(np.abs(y - expected) <= bound), (y, expected, bound)
+
+
+# --- 2: the weight the module computes is the one the report states ------------------------------
+
+
+@pytest.mark.parametrize("t, bits, granularity", [("bf16", 8, "per-channel"),
+                                                  ("bf16", 8, "per-tensor"),
+                                                  ("f16", 12, "per-tensor"),
+                                                  ("f16", 12, "per-channel"),
+                                                  ("bf16", 4, "per-channel")])
+def test_the_module_computes_the_stated_weight(t, bits, granularity, tmp_path):
+    """bf16/f16 weights were dequantized in their own type with a scale rounded to it, so
+    the weights XLA used were not `q * scale` as the report and the encodings stated (bf16
+    int8 per channel: 0.79-0.93 step off). Now the module multiplies in f32 and converts
+    once: read back from the IR, the scale is f32 max|W| / qmax, the integers within half a
+    step, the module's weight `q * scale` rounded once to the weight's type; the report's
+    SQNR, scale types and encodings state that weight; XLA computes with exactly it."""
+    dtype = DTYPES[t]
+    qmax = 2 ** (bits - 1) - 1
+    rng = np.random.default_rng(bits)
+    kernel = rng.normal(0, 1, (16, 8)) * rng.uniform(0.01, 3, 8)
+    kernel = kernel.astype(dtype).astype(np.float64)
+    text = conv(kernel, t)
+    source = tmp_path / "k.mlir"
+    source.write_text(text)
+    args = ["-q", str(source), "-o", str(tmp_path / "q.mlir"), "--quantize-weights",
+            f"int{bits}", "--quantize-granularity", granularity,
+            "--quant-encodings", str(tmp_path / "enc.json")]
+    assert main(args) == 0
+    quantized = (tmp_path / "q.mlir").read_text()
+    report = quantize(text, bits, granularity).report
+    [(q, scale, _)] = quantized_kernels(quantized)
+    [(weights, wide, weight_type)] = module_weights(quantized)
+    assert (wide, weight_type) == ("f32", t)
+    original = kernel.reshape(1, 1, 16, 8)
+    top = np.abs(original).max(axis=(0, 1, 2)) if granularity == "per-channel" else \
+        np.abs(original).max()
+    np.testing.assert_array_equal(np.asarray(scale, np.float64).reshape(-1),
+                                  np.asarray(top / qmax).astype(np.float32).reshape(-1))
+    step = scale_of(scale, granularity)
+    assert np.all(np.abs(q * step - original) <= step / 2)
+    # q * scale is exact in float64; the module's weight is it rounded to f32, then t
+    stated = (q * step).astype(np.float32).astype(dtype).astype(np.float64)
+    np.testing.assert_array_equal(weights, stated)
+    assert np.all(np.abs(weights - original) <= step / 2 * (1 + 2.0 ** -23) +
+                  half_ulp(weights, t))
+    [record] = report.quantized
+    noise = np.sum((weights - original) ** 2)
+    assert record.weight_sqnr_db == pytest.approx(10 * np.log10(np.sum(original ** 2) / noise),
+                                                  rel=1e-12)
+    assert (record.to_json()["scale_type"], record.to_json()["weight_type"]) == ("f32", t)
+    [entries] = json.loads((tmp_path / "enc.json").read_text())["param_encodings"].values()
+    np.testing.assert_array_equal([e["scale"] for e in entries],
+                                  np.asarray(scale, np.float64).reshape(-1))
+    xs = [rng.normal(0, 1, (1, 1, 1, 16)).astype(dtype)]
+    [expected] = numerics.run_xla(conv(weights.reshape(16, 8), t), xs)
+    [actual] = numerics.run_xla(quantized, xs)
+    np.testing.assert_array_equal(actual, expected)
+
