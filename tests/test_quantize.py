@@ -356,22 +356,6 @@ def test_no_integer_is_more_than_half_a_step_off(element, bits, tops):
     np.testing.assert_array_equal(numerics.run_xla(out.serialize().decode(), xs)[0], expected[0])
 
 
-def test_a_scale_that_would_be_flushed_to_zero_is_refused():
-    """An f32 channel of weights ~1e-37: its scale is subnormal in f32, which XLA CPU
-    flushes to zero (the channel's output became exactly 0)."""
-    kernel = np.random.default_rng(0).uniform(-1, 1, (1, 1, 16, 4)).astype(np.float32)
-    kernel[..., 2] *= 1e-37
-    text = SMALL_F16.format(t="f32", k=_dense(kernel.astype(np.float64)))
-    out = bnfold.fold_source(text, options=options(quantize_weights="int8",
-                                                   quantize_granularity="per-channel"))
-    assert not out.report.quantized
-    [skip] = out.report.not_quantized
-    assert skip.code == "precision" and "smallest normal" in skip.reason, skip.reason
-    xs = [np.random.default_rng(1).normal(0, 1, (1, 4, 4, 16)).astype(np.float32)]
-    np.testing.assert_array_equal(numerics.run_xla(out.serialize().decode(), xs)[0],
-                                  numerics.run_xla(text, xs)[0])
-
-
 # --- bias correction: E[(W_q - W) x] ---------------------------------------------------------------
 
 LAYER2 = """

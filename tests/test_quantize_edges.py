@@ -145,3 +145,47 @@ def test_the_module_computes_the_stated_weight(t, bits, granularity, tmp_path):
     [actual] = numerics.run_xla(quantized, xs)
     np.testing.assert_array_equal(actual, expected)
 
+
+# --- 11a: a channel whose scale would be subnormal ------------------------------------------------
+
+
+@pytest.mark.parametrize("granularity", ["per-channel", "per-tensor"])
+def test_a_scale_below_the_smallest_normal_is_raised_and_named(granularity):
+    """An f32 channel of weights ~1e-37: max|W| / 127 is subnormal in f32, which XLA CPU
+    flushes to zero (the channel's output became 0), so the whole layer was refused. Its
+    scale is f32's smallest normal number instead (a coarser step): every integer within
+    half of it, the report names the channel, and the channel's output on XLA is the float64
+    one within that step (not 0)."""
+    rng = np.random.default_rng(0)
+    kernel = rng.uniform(-1, 1, (16, 4)).astype(np.float32)
+    if granularity == "per-tensor":
+        kernel *= np.float32(1e-37)  # the whole tensor is tiny
+    else:
+        kernel[:, 2] *= np.float32(1e-37)
+    kernel = kernel.astype(np.float64)
+    text = conv(kernel, "f32")
+    out = quantize(text, 8, granularity)
+    [record] = out.report.quantized
+    assert not out.report.not_quantized
+    tiny = float(np.finfo(np.float32).smallest_normal)
+    raised = [0] if granularity == "per-tensor" else [2]
+    assert record.raised_scales == raised
+    note = record.to_json()["note"]
+    assert ("channel(s) 2:" if raised == [2] else "the tensor's scale:") in note, note
+    assert "smallest normal" in note and record.id in out.report.table()
+    quantized = out.serialize().decode()
+    [(q, scale, _)] = quantized_kernels(quantized)
+    scale = np.asarray(scale, np.float64).reshape(-1)
+    assert scale[raised[0]] == tiny
+    step = scale_of(scale, granularity)
+    original = kernel.reshape(1, 1, 16, 4)
+    assert np.all(np.abs(q * step - original) <= step / 2)
+    assert np.count_nonzero(q[..., 2]) > 0
+    x = rng.uniform(1.0, 2.0, 16).astype(np.float32)  # no product below the normals
+    [y] = numerics.run_xla(quantized, [x.reshape(1, 1, 1, 16)])
+    y = np.asarray(y, np.float64).reshape(-1)
+    expected = x.astype(np.float64) @ kernel
+    bound = np.abs(x) @ np.broadcast_to(step / 2, original.shape).reshape(16, 4) + \
+        1e-6 * (np.abs(x) @ np.abs(kernel))
+    assert np.all(np.abs(y - expected) <= bound), (y, expected)
+    assert y[2] != 0

@@ -2,8 +2,9 @@
 
 Symmetric quantization, one scale per tensor (the default: what equalization
 serves) or per output channel: `scale = max|W| / qmax` with `qmax =
-2^(bits-1) - 1`, rounded once to f32 (f64 for f64 weights; one value down
-where `q * scale` would overflow the weight's type), and `q = round_half_even(W / scale)` in [-qmax,
+2^(bits-1) - 1`, rounded once to f32 (f64 for f64 weights; raised to that
+type's smallest normal number, one value down where `q * scale` would
+overflow the weight's type), and `q = round_half_even(W / scale)` in [-qmax,
 qmax], stored as `i4`, `i8` or `i16` and dequantized in the graph (the product
 in f32, converted once to an f16 or bf16 weight's type), so XLA, IREE and
 every StableHLO consumer run the module as it is (QDQ). Before:
@@ -88,6 +89,7 @@ class Weights:
     storage: str  # "i4", "i8" or "i16"
     axis: int | None  # per-channel: the kernel axis of the scales
     compute: np.dtype  # the scale's type, where `convert(q) * scale` is computed
+    raised: tuple[int, ...] = ()  # channels (per tensor: 0) whose scale is the smallest normal
 
 
 @dataclass(frozen=True)
@@ -141,14 +143,12 @@ def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None,
     with np.errstate(all="ignore"):
         scale = np.asarray(np.where(top > 0, top / qmax, 1.0)).astype(compute)  # zero channel: 1
     # A scale that is subnormal where the program multiplies is flushed to zero by CPUs
-    # (XLA CPU: the channel's output would be 0).
+    # (XLA CPU: the channel's output would be 0): it is raised to the smallest normal
+    # number, a coarser step (fewer levels) for that channel, every weight still within
+    # half of it.
     tiny = precision.smallest_normal(compute)
-    if np.any(scale < tiny):
-        return Refusal(Code.PRECISION,
-                       f"precision: a scale max|W| / {qmax} = {float(np.min(scale)):.3g} is below "
-                       f"{precision.type_name(compute)}'s smallest normal number {tiny:.3g}, "
-                       "which compilers flush to zero (XLA CPU does: the channel's output would "
-                       "be 0). Keep this layer in float, or scale its weights up first")
+    raised = scale < tiny
+    scale = np.where(raised, compute.type(tiny), scale).astype(compute)
     q, dequantized = _quantized(values, scale, qmax, dtype, axis)
     # A scale that rounded up can put qmax * scale past the weight type's largest value
     # (f16 65504: scale 515.78 in f32, 127 * scale rounds to inf in f16): those take the
@@ -171,7 +171,8 @@ def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None,
                                        "steps off its weight (more than half a step): keep this "
                                        "layer in float")
     return Weights(q.astype(np.int8 if bits <= 8 else np.int16), scale64, dequantized,
-                   storage_type(bits), axis, compute)
+                   storage_type(bits), axis, compute,
+                   tuple(int(c) for c in np.flatnonzero(raised)))
 
 
 def _scale_shape(ndim: int, axis: int | None) -> list[int]:
@@ -389,7 +390,8 @@ def _record(ctx: Context, p: Plan, copy: ir.Operation) -> Quantized:
         granularity=options.quantize_granularity or "per-tensor", storage=p.weights.storage,
         axis=p.layer.out_axis, weight_sqnr_db=p.sqnr, bias_correction=correction,
         params=params, scale_type=precision.type_name(p.weights.compute),
-        weight_type=precision.type_name(p.layer.kernel.effective))
+        weight_type=precision.type_name(p.layer.kernel.effective),
+        raised_scales=list(p.weights.raised))
 
 
 class QuantizeWeights(Pattern[Root, Layer, Plan]):
