@@ -14,6 +14,9 @@ import pytest
 
 import bnfold
 import numerics
+import support
+from bnfold import elements
+from bnfold import ir as bir
 from bnfold.cli import main
 from test_quantize import _dense, module_weights, quantized_kernels
 
@@ -189,3 +192,76 @@ def test_a_scale_below_the_smallest_normal_is_raised_and_named(granularity):
         1e-6 * (np.abs(x) @ np.abs(kernel))
     assert np.all(np.abs(y - expected) <= bound), (y, expected)
     assert y[2] != 0
+
+
+# --- 11b: a splat kernel over 2^24 elements --------------------------------------------------------
+
+SPLAT = """
+func.func @main(%x: tensor<2x4097xf32>) -> tensor<2x4096xf32> {
+  %k = stablehlo.constant dense<0.37> : tensor<4097x4096xf32>
+  %y = stablehlo.dot_general %x, %k, contracting_dims = [1] x [0] : (tensor<2x4097xf32>, tensor<4097x4096xf32>) -> tensor<2x4096xf32>
+  return %y : tensor<2x4096xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("granularity", ["per-tensor", "per-channel"])
+def test_a_huge_splat_kernel_is_quantized_as_a_splat(granularity):
+    """A splat kernel of 4097 x 4096 (over 2^24) elements was refused with 'refused to expand
+    it for the shift'. It is quantized without expanding it: the integers stay one splat
+    (127), the scale is f32(0.37 / 127), and XLA's output is the float64 one within half a
+    step per weight."""
+    out = quantize(SPLAT, 8, granularity)
+    assert len(out.report.quantized) == 1 and not out.report.not_quantized, out.report.table()
+    context, module = support.parse(out.serialize())
+    with context:
+        [dot] = [op for op in module.body.operations[0].regions[0].blocks[0].operations
+                 if op.name == "stablehlo.dot_general"]
+        weight = dot.operands[1].owner
+        assert weight.name == "stablehlo.multiply"
+        convert, broadcast = (v.owner for v in weight.operands)
+        attr = bir.ir.DenseElementsAttr(convert.operands[0].owner.attributes["value"])
+        assert attr.is_splat and str(attr.type) == "tensor<4097x4096xi8>"
+        q = int(str(attr.get_splat_value()).split(":")[0])
+        scale = np.asarray(elements.read(broadcast.operands[0].owner.attributes["value"]),
+                           np.float64).reshape(-1)
+    step = np.float32(np.float32(0.37) / 127)
+    assert q == 127 and np.all(scale == step)
+    w = float(np.float32(q * step))  # the module's weight: q * scale rounded once in f32
+    assert abs(w - float(np.float32(0.37))) <= step / 2
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 4097)).astype(np.float32)
+    [y] = numerics.run_xla(out.serialize().decode(), [x])
+    expected = x.astype(np.float64).sum(axis=1, keepdims=True) * float(np.float32(0.37))
+    bound = np.abs(x).astype(np.float64).sum(axis=1, keepdims=True) * (step / 2 + 1e-6)
+    assert np.all(np.abs(y - expected) <= bound)
+
+
+SPLAT_AFTER_BN = """
+func.func @main(%x: tensor<2x8xf32>) -> tensor<2x4096xf32> {
+  %k1 = stablehlo.constant dense<0.5> : tensor<8x4097xf32>
+  %h = stablehlo.dot_general %x, %k1, contracting_dims = [1] x [0] : (tensor<2x8xf32>, tensor<8x4097xf32>) -> tensor<2x4097xf32>
+  %g = stablehlo.constant dense<1.0> : tensor<4097xf32>
+  %b = stablehlo.constant dense<0.5> : tensor<4097xf32>
+  %m = stablehlo.constant dense<0.0> : tensor<4097xf32>
+  %v = stablehlo.constant dense<1.0> : tensor<4097xf32>
+  %n = "stablehlo.batch_norm_inference"(%h, %g, %b, %m, %v) {epsilon = 0.0 : f32, feature_index = 1 : i64} : (tensor<2x4097xf32>, tensor<4097xf32>, tensor<4097xf32>, tensor<4097xf32>, tensor<4097xf32>) -> tensor<2x4097xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<2x4097xf32>
+  %r = stablehlo.maximum %n, %zero : tensor<2x4097xf32>
+  %k = stablehlo.constant dense<0.37> : tensor<4097x4096xf32>
+  %y = stablehlo.dot_general %r, %k, contracting_dims = [1] x [0] : (tensor<2x4097xf32>, tensor<4097x4096xf32>) -> tensor<2x4096xf32>
+  return %y : tensor<2x4096xf32>
+}
+"""
+
+
+def test_a_huge_splat_kernel_is_quantized_uncorrected_and_says_why():
+    """With --bias-correction and known input means (a batch norm and a ReLU before it), the
+    correction would expand the splat: the layer is quantized uncorrected, with code
+    `limit` and the reason (not 'refused to expand it for the shift')."""
+    out = bnfold.fold_source(SPLAT_AFTER_BN, options=bnfold.FoldOptions(
+        quantize_weights="int8", bias_correction=True))
+    record = out.report.quantized[-1]
+    assert record.producer.endswith(":13:8"), record.producer
+    correction = record.bias_correction
+    assert correction["applied"] is False and correction["code"] == "limit", correction
+    assert "2^24" in correction["reason"] and "the shift" not in correction["reason"]

@@ -52,7 +52,7 @@ from bnfold.quant.moments import Walk
 from bnfold.refusal import Code, Refusal
 from bnfold.report import Quantized
 from bnfold.rewriter import Rewriter
-from bnfold.through import BiasAdds, bias_adds, kernel_f64, mean_through
+from bnfold.through import BiasAdds, bias_adds, mean_through
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
@@ -238,11 +238,7 @@ def plan(ctx: Context, found: Layer) -> Plan | Refusal:
                        kernel.shape)
     if isinstance(weights, Refusal):
         return weights
-    correction = None
-    if options.bias_correction:
-        full = kernel_f64(kernel)  # a huge splat is not expanded for the correction
-        correction = full.wrap("bias correction") if isinstance(full, Refusal) else \
-            correct_bias(ctx, found, full, weights)
+    correction = correct_bias(ctx, found, values, weights) if options.bias_correction else None
     return Plan(found, weights, sqnr_db(*np.broadcast_arrays(values, weights.dequantized)),
                 correction)
 
@@ -268,7 +264,12 @@ def correct_bias(ctx: Context, found: Layer, values: np.ndarray, weights: Weight
     mapping = producers.input_scale_map(op, operand, moments.axis)
     if isinstance(mapping, Refusal):
         return mapping.wrap("E[x] is per channel along another axis than the layer reads")
-    error = np.broadcast_to(weights.dequantized, values.shape) - values
+    shape = found.kernel.shape
+    if values.shape != shape and int(np.prod(shape)) > precision.MAX_EXPANDED_ELEMENTS:
+        return Refusal(Code.LIMIT, f"the kernel is a splat of {int(np.prod(shape))} elements "
+                                   "(more than 2^24); its correction would expand it, so the "
+                                   "layer is quantized uncorrected")
+    error = np.broadcast_to(weights.dequantized, shape) - np.broadcast_to(values, shape)
     found_shift = mean_through(op, mapping, error, moments.mean, padding, unpadded)
     if isinstance(found_shift, Refusal):
         return found_shift
