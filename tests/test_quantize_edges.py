@@ -265,3 +265,105 @@ def test_a_huge_splat_kernel_is_quantized_uncorrected_and_says_why():
     correction = record.bias_correction
     assert correction["applied"] is False and correction["code"] == "limit", correction
     assert "2^24" in correction["reason"] and "the shift" not in correction["reason"]
+
+
+# --- 9: a pass after quantization keeps the integers or says why ----------------------------------
+
+
+def integer_constants(text: str) -> int:
+    """The number of integer-typed stablehlo.constant ops in `text`."""
+    context, module = support.parse(text)
+    found = []
+
+    def visit(op):
+        if op.name == "stablehlo.constant":
+            ty = bir.ir.RankedTensorType(op.results[0].type)
+            if isinstance(ty.element_type, bir.ir.IntegerType):
+                found.append(op)
+        return bir.ir.WalkResult.ADVANCE
+
+    with context:
+        module.operation.walk(visit)
+    return len(found)
+
+
+def _stack(tmp_path):
+    from test_quantize import stack_module
+
+    source = tmp_path / "stack.mlir"
+    source.write_text(stack_module(3))
+    return source
+
+
+def test_equalize_after_quantization_keeps_the_integers_and_says_why(tmp_path):
+    """bnfold-opt --quantize-weights int8, then bnfold-opt --equalize on its output: the
+    three integer weights became floats (3 -> 0 integer constants, a bigger file), silently.
+    Now the set is refused with code quantized-kernel and a reason; the module is unchanged
+    (the same integers; the same numbers on XLA)."""
+    source = _stack(tmp_path)
+    quantized, again = tmp_path / "q.mlir", tmp_path / "qe.mlir"
+    report = tmp_path / "report.json"
+    assert main(["-q", str(source), "-o", str(quantized), "--quantize-weights", "int8"]) == 0
+    assert integer_constants(quantized.read_text()) == 3
+    assert main(["-q", str(quantized), "-o", str(again), "--equalize", "--report",
+                 str(report)]) == 0
+    assert integer_constants(again.read_text()) == 3
+    data = json.loads(report.read_text())
+    assert not data["equalized"] and data["not_equalized"], data
+    for skip in data["not_equalized"]:
+        assert skip["code"] == "quantized-kernel", skip
+        assert "quantize" in skip["reason"] and "before quantizing" in skip["reason"]
+    xs = [np.random.default_rng(0).normal(0, 1, (1, 4, 4, 4)).astype(np.float32)]
+    np.testing.assert_array_equal(numerics.run_xla(again.read_text(), xs)[0],
+                                  numerics.run_xla(quantized.read_text(), xs)[0])
+
+
+def test_a_pipeline_that_equalizes_after_quantizing_keeps_the_integers(tmp_path):
+    source = _stack(tmp_path)
+    out, report = tmp_path / "pp.mlir", tmp_path / "report.json"
+    pipeline = "builtin.module(bnfold-quantize-weights,bnfold-equalize)"
+    assert main(["-q", str(source), "-o", str(out), "--pass-pipeline", pipeline,
+                 "--report", str(report)]) == 0
+    assert integer_constants(out.read_text()) == 3
+    data = json.loads(report.read_text())
+    assert len(data["quantized"]) == 3 and not data["equalized"]
+    assert {s["code"] for s in data["not_equalized"]} == {"quantized-kernel"}
+
+
+QUANTIZED_BN = """
+func.func @main(%x: tensor<1x4x4x2x{t}>) -> tensor<1x4x4x2x{t}> {{
+  %q = stablehlo.constant dense<[[[[127, -64], [30, 1]]]]> : tensor<1x1x2x2xi8>
+  %f = stablehlo.convert %q : (tensor<1x1x2x2xi8>) -> tensor<1x1x2x2xf32>
+  %s = stablehlo.constant dense<0.01> : tensor<f32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [] : (tensor<f32>) -> tensor<1x1x2x2xf32>
+  %w = stablehlo.multiply %f, %sb : tensor<1x1x2x2xf32>
+{convert}
+  %y = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<1x4x4x2x{t}>, tensor<1x1x2x2x{t}>) -> tensor<1x4x4x2x{t}>
+  %g = stablehlo.constant dense<[1.5, 0.5]> : tensor<2x{t}>
+  %b = stablehlo.constant dense<[0.25, -1.0]> : tensor<2x{t}>
+  %m = stablehlo.constant dense<[0.125, 0.5]> : tensor<2x{t}>
+  %v = stablehlo.constant dense<[2.0, 0.75]> : tensor<2x{t}>
+  %n = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {{epsilon = 1.0e-03 : f32, feature_index = 3 : i64}} : (tensor<1x4x4x2x{t}>, tensor<2x{t}>, tensor<2x{t}>, tensor<2x{t}>, tensor<2x{t}>) -> tensor<1x4x4x2x{t}>
+  return %n : tensor<1x4x4x2x{t}>
+}}
+"""
+
+
+@pytest.mark.parametrize("t", ["f32", "bf16"])
+def test_a_fold_after_quantization_keeps_the_integers_and_says_why(t):
+    """A batch norm after a quantized layer (`convert(q) * scale`, or that product converted
+    to bf16): folding it would scale the kernel into a float constant. The fold is refused
+    with code quantized-kernel; the integers and the numbers stay as they were."""
+    if t == "bf16":
+        text = QUANTIZED_BN.format(t=t, convert="  %k = stablehlo.convert %w : "
+                                   "(tensor<1x1x2x2xf32>) -> tensor<1x1x2x2xbf16>")
+    else:
+        text = QUANTIZED_BN.format(t=t, convert="").replace("%x, %k)", "%x, %w)")
+    out = bnfold.fold_source(text)
+    assert not out.report.folds
+    [skip] = out.report.skipped
+    assert skip.code == "quantized-kernel" and "before quantizing" in skip.reason, skip
+    folded = out.serialize().decode()
+    assert integer_constants(folded) == 1
+    xs = [np.random.default_rng(0).normal(0, 1, (1, 4, 4, 2)).astype(DTYPES[t])]
+    np.testing.assert_array_equal(numerics.run_xla(folded, xs)[0], numerics.run_xla(text, xs)[0])
