@@ -367,3 +367,19 @@ def test_a_fold_after_quantization_keeps_the_integers_and_says_why(t):
     assert integer_constants(folded) == 1
     xs = [np.random.default_rng(0).normal(0, 1, (1, 4, 4, 2)).astype(DTYPES[t])]
     np.testing.assert_array_equal(numerics.run_xla(folded, xs)[0], numerics.run_xla(text, xs)[0])
+
+
+def test_f64_weights_half_way_between_two_integers_are_quantized():
+    """f64 weights at (k + 1/2) steps: the half-step check, computed in float64 itself, read
+    its own roundoff as 'more than half a step' and refused the layer."""
+    rng = np.random.default_rng(0)
+    top = 1.2345
+    step = top / 127
+    kernel = np.concatenate([[top], (rng.integers(-126, 126, 63) + 0.5) * step]).reshape(16, 4)
+    out = quantize(conv(kernel, "f64"), 8, "per-tensor")
+    assert len(out.report.quantized) == 1, out.report.table()
+    [(q, scale, _)] = quantized_kernels(out.serialize().decode())
+    [(weights, wide, _)] = module_weights(out.serialize().decode())
+    assert wide == "f64" and float(scale) == step
+    assert np.all(np.abs(q * step - kernel.reshape(q.shape)) <= step * (0.5 + 1e-12))
+    assert np.all(np.abs(weights - kernel.reshape(q.shape)) <= step * (0.5 + 1e-12))

@@ -166,7 +166,7 @@ def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None,
         return Refusal(Code.PRECISION, "precision: a dequantized weight would overflow "
                                        f"{precision.type_name(dtype)}: keep this layer in float")
     off = np.abs(q * step - values) / step
-    if np.any(off > 0.5 * (1 + 4 * precision.unit_roundoff(np.dtype(np.float64)))):
+    if np.any(off > 0.5 + 2.0 ** -30):  # float64 roundoff of off itself (f64 weights)
         return Refusal(Code.PRECISION, f"precision: an integer would be {float(np.max(off)):.3g} "
                                        "steps off its weight (more than half a step): keep this "
                                        "layer in float")
