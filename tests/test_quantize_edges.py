@@ -78,6 +78,9 @@ def test_a_weight_at_the_largest_value_of_its_type_stays_finite(t, granularity):
     [(weights, _, _)] = module_weights(quantized)
     original = kernel.reshape(1, 1, 2, 2)
     step = scale_of(scale, granularity)
+    if granularity == "per-channel":  # only the channel at the type's largest value moves
+        assert float(np.asarray(scale).reshape(-1)[1]) == np.float32(1.0 / 127)
+        assert float(np.asarray(scale).reshape(-1)[0]) <= np.float32(top / 127)
     assert np.all(np.isfinite(weights)), weights
     assert np.all(np.abs(q * step - original) <= step / 2 * (1 + 1e-12))
     assert np.all(np.abs(weights - original) <= step / 2 * (1 + 1e-6) + half_ulp(original, t))
@@ -312,7 +315,8 @@ def test_equalize_after_quantization_keeps_the_integers_and_says_why(tmp_path):
     assert not data["equalized"] and data["not_equalized"], data
     for skip in data["not_equalized"]:
         assert skip["code"] == "quantized-kernel", skip
-        assert "quantize" in skip["reason"] and "before quantizing" in skip["reason"]
+        assert "turn its integers back into floats" in skip["reason"]
+        assert "before quantizing" in skip["reason"] and "last in a pipeline" in skip["reason"]
     xs = [np.random.default_rng(0).normal(0, 1, (1, 4, 4, 4)).astype(np.float32)]
     np.testing.assert_array_equal(numerics.run_xla(again.read_text(), xs)[0],
                                   numerics.run_xla(quantized.read_text(), xs)[0])
@@ -383,3 +387,53 @@ def test_f64_weights_half_way_between_two_integers_are_quantized():
     assert wide == "f64" and float(scale) == step
     assert np.all(np.abs(q * step - kernel.reshape(q.shape)) <= step * (0.5 + 1e-12))
     assert np.all(np.abs(weights - kernel.reshape(q.shape)) <= step * (0.5 + 1e-12))
+
+
+def test_a_float_kernel_computed_by_a_convert_and_a_multiply_still_folds():
+    """Only integers times a scale are a quantized kernel: `convert(f16 constant) * scale`
+    in f32 is a float kernel, and the batch norm after it folds."""
+    text = QUANTIZED_BN.format(t="f32", convert="").replace("%x, %k)", "%x, %w)").replace(
+        "dense<[[[[127, -64], [30, 1]]]]> : tensor<1x1x2x2xi8>",
+        "dense<[[[[1.5, -0.5], [0.25, 1.0]]]]> : tensor<1x1x2x2xf16>").replace(
+        "(tensor<1x1x2x2xi8>)", "(tensor<1x1x2x2xf16>)")
+    out = bnfold.fold_source(text)
+    assert len(out.report.folds) == 1 and not out.report.skipped, out.report.table()
+
+
+def test_a_weight_that_is_not_finite_is_refused():
+    kernel = np.array([[1.0, np.inf], [0.5, -0.25]])
+    out = quantize(conv(kernel, "f32").replace("inf", "0x7F800000"), 8, "per-tensor")
+    assert not out.report.quantized
+    [skip] = out.report.not_quantized
+    assert skip.code == "precision" and "not finite" in skip.reason, skip
+
+
+BROADCAST_KERNEL = """
+func.func @main(%x: tensor<1x1x1x3xf32>) -> tensor<1x1x1x2xf32> {
+  %v = stablehlo.constant dense<[1.0, -0.3]> : tensor<2xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<1x1x3x2xf32>
+  %b = stablehlo.broadcast_in_dim %v, dims = [3] : (tensor<2xf32>) -> tensor<1x1x3x2xf32>
+  %k = stablehlo.add %b, %z : tensor<1x1x3x2xf32>
+  %y = stablehlo.convolution(%x, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x1x1x3xf32>, tensor<1x1x3x2xf32>) -> tensor<1x1x1x2xf32>
+  return %y : tensor<1x1x1x2xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("granularity", ["per-tensor", "per-channel"])
+def test_a_kernel_computed_from_a_vector_is_quantized_per_weight(granularity):
+    """A kernel computed from constants held compactly (a vector broadcast along the output
+    channels, then an add of zeros): per tensor its integers differ by channel (127, -38),
+    and the written constant holds each of them, not the first one everywhere; an all-zero
+    kernel would get scale 1."""
+    out = quantize(BROADCAST_KERNEL, 8, granularity)
+    assert len(out.report.quantized) == 1, out.report.table()
+    [(q, scale, _)] = quantized_kernels(out.serialize().decode())
+    kernel = np.broadcast_to(np.array([1.0, np.float32(-0.3)]), (1, 1, 3, 2))
+    step = scale_of(scale, granularity)
+    expected = np.clip(np.rint(kernel / step), -127, 127)
+    np.testing.assert_array_equal(q, expected)
+    assert np.all(np.abs(q * step - kernel) <= step / 2)
+    zero = quantize(BROADCAST_KERNEL.replace("[1.0, -0.3]", "[0.0, 0.0]"), 8, granularity)
+    [(q0, scale0, _)] = quantized_kernels(zero.serialize().decode())
+    assert not np.any(q0) and np.all(np.asarray(scale0) == 1.0)

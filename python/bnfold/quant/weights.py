@@ -124,13 +124,12 @@ def compute_type(dtype: np.dtype) -> np.dtype:
 
 
 def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None,
-             shape: tuple[int, ...] | None = None) -> Weights | Refusal:
+             shape: tuple[int, ...]) -> Weights | Refusal:
     """Symmetric quantization of a float64 kernel whose program type is `dtype`.
 
     `values` may be compact (broadcastable to `shape`, e.g. a splat of one value): the
     integers then are too. The program computes `convert(q) * scale` in `compute_type`
     and converts the product once to `dtype`: `dequantized` is exactly that."""
-    shape = tuple(values.shape) if shape is None else tuple(shape)
     qmax = 2 ** (bits - 1) - 1
     compute = compute_type(dtype)
     if not np.all(np.isfinite(values)):
