@@ -73,7 +73,7 @@ def capture(module: Path, png: Path, *, port: int = 8124, wait: float = 15.0,
                 page.wait_for_selector("canvas", timeout=120_000)
                 time.sleep(wait)
                 hidden = page.get_by_text("visibility_off", exact=True)
-                for i in range(hidden.count()):
+                for _ in range(hidden.count()):
                     hidden.nth(0).click()  # each click shows one; the list shrinks
                     time.sleep(1.0)
                 time.sleep(2.0)

@@ -8,7 +8,7 @@ included (a terminator is an "Outputs" node), starting at 0; arguments are
 below key their entries by it, in Model Explorer's node-data format:
 
     {"main": {"name": "bnfold", "results": {
-        "14": {"value": "FOLDED (backward) into stablehlo.convolution at model.mlir:12:10 (fold0, 16 channels)",
+        "14": {"value": "FOLDED (backward) into stablehlo.convolution at m.mlir:12:10 (fold0, 16 channels)",
                "bgColor": "#a5d6a7"},
         "31": {"value": "NOT FOLDED (parameter-argument): the mean is function argument %arg3 ...",
                "bgColor": "#ef9a9a"}}}}

@@ -108,6 +108,23 @@ class Kernel:
     anchor: ir.Operation | None  # the constant op replaced (location, attributes)
 
 
+def is_dequantized(value: ir.Value) -> bool:
+    """`convert(q) * scale` with integers q, or that product converted (to the weight's
+    type), as quantize-weights writes a weight."""
+    owner = defining_op(value)
+    if owner is not None and owner.name == "stablehlo.convert":
+        owner = defining_op(owner.operands[0])
+    if owner is None or owner.name != "stablehlo.multiply":
+        return False
+    for operand in owner.operands:
+        convert = defining_op(operand)
+        if convert is not None and convert.name == "stablehlo.convert":
+            source = elements.ranked_type(convert.operands[0])
+            if source is not None and isinstance(source.element_type, ir.IntegerType):
+                return True
+    return False
+
+
 def is_constant(value: ir.Value, evaluator: Evaluator) -> bool:
     """Cheap for plain constants (no evaluation, no copy)."""
     owner = defining_op(value)

@@ -50,6 +50,7 @@ class Code(enum.Enum):
     NO_STATISTICS = "no-statistics"
     BALANCED = "already-balanced"
     LIMIT = "limit"  # a size limit (huge splats, too many region ops, call depth)
+    QUANTIZED = "quantized-kernel"  # integer weights (--quantize-weights) would become floats
     SKIPPED = "skipped-function"
 
 

@@ -145,6 +145,23 @@ class Quantized:
     # fold_exported's pytree; set by `Report.name_parameters`)
     weight_location: str = field(default="", repr=False)
     parameter: str | None = None
+    # the module's weight is weight_type(scale_type(q) * scale), the product rounded once in
+    # scale_type, then converted to weight_type where they differ
+    scale_type: str = "f32"
+    weight_type: str = "f32"
+    # channels (per tensor: [0]) whose scale max|W| / qmax was below scale_type's smallest
+    # normal number and is that number instead (fewer levels; no weight more than half off)
+    raised_scales: list[int] = field(default_factory=list)
+
+    @property
+    def note(self) -> str:
+        if not self.raised_scales:
+            return ""
+        which = "the tensor's scale" if self.granularity == "per-tensor" else \
+            f"channel(s) {', '.join(map(str, self.raised_scales))}"
+        return (f"{which}: max|W| / {2 ** (self.bits - 1) - 1} is below {self.scale_type}'s "
+                "smallest normal number (flushed to zero by CPUs); the scale is that number "
+                "instead, a coarser step with every weight within half of it")
 
     def to_json(self) -> dict[str, Any]:
         scale = self.params["scale"]
@@ -153,10 +170,12 @@ class Quantized:
             "function": self.function, "bits": self.bits, "granularity": self.granularity,
             "storage": self.storage, "axis": self.axis,
             "scale": float(scale) if scale.ndim == 0 else [float(v) for v in scale],
+            "scale_type": self.scale_type, "weight_type": self.weight_type,
             "weight_sqnr_db": self.weight_sqnr_db,
         } | ({"parameter": self.parameter} if self.parameter else {}) | (
-            {"bias_correction": self.bias_correction} if self.bias_correction is not None
-            else {})
+            {"raised_scales": self.raised_scales, "note": self.note} if self.raised_scales
+            else {}) | ({"bias_correction": self.bias_correction}
+                        if self.bias_correction is not None else {})
 
     def encoding(self) -> list[dict[str, Any]]:
         """AIMET's encoding entries, one per tensor or per output channel: symmetric, in its
@@ -362,6 +381,9 @@ class Report:
             rows += [(q.id, q.producer, str(q.bits), q.granularity, f"{q.weight_sqnr_db:.1f}",
                       _correction_text(q.bias_correction)) for q in self.quantized]
             lines += _columns(rows)
+            notes = [(q.id, q.note) for q in self.quantized if q.note]
+            if notes:
+                lines += [""] + _columns([("weight", "note")] + notes)
         else:
             lines.append("nothing quantized")
         return lines + _missed("not quantized", "producer", self.not_quantized)

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnfold import elements, precision
+from bnfold import elements, precision, producers
 from bnfold.graph import carry_attributes, function_name
 from bnfold.ir import ir, stablehlo
 from bnfold.producers import Kernel
 from bnfold.quant.statistics import has_variance
-from bnfold.refusal import Refusal
+from bnfold.refusal import Code, Refusal
 from bnfold.report import Fold
 
 if TYPE_CHECKING:
@@ -66,7 +66,15 @@ class KernelRewrite:
 def plan_kernel(kernel: Kernel, factor: np.ndarray, operand: int, *,
                 arena: precision.Arena | None = None) -> KernelRewrite | Refusal:
     """`kernel * factor` rounded under the precision contract, or why not
-    (into `arena`'s memory when given: see `precision.Arena`)."""
+    (into `arena`'s memory when given: see `precision.Arena`). A kernel that is integers
+    times a scale (quantize-weights' output) is refused: scaling it would write floats."""
+    if producers.is_dequantized(kernel.value):
+        return Refusal(Code.QUANTIZED,
+                       "the kernel is quantized (an integer constant times a scale, "
+                       "--quantize-weights): scaling it would turn its integers back into "
+                       "floats; fold and equalize before quantizing (one run: bnfold-opt "
+                       "--equalize --quantize-weights ..., or bnfold-quantize-weights last in "
+                       "a pipeline)")
     rounded = precision.round_scaled(kernel.values, kernel.shape, factor, kernel.storage,
                                      kernel.effective, arena=arena)
     if isinstance(rounded, Refusal):

@@ -2,11 +2,12 @@
 
 Symmetric quantization, one scale per tensor (the default: what equalization
 serves) or per output channel: `scale = max|W| / qmax` with `qmax =
-2^(bits-1) - 1`, rounded once to the weight's float type (up, where rounding
-down would clip the largest weight by more than half a step), and `q =
-round_half_even(W / scale)` in [-qmax, qmax], stored as `i4`, `i8` or `i16`
-and dequantized in the graph, so XLA, IREE and every StableHLO consumer run
-the module as it is (QDQ). Before:
+2^(bits-1) - 1`, rounded once to f32 (f64 for f64 weights; raised to that
+type's smallest normal number, one value down where `q * scale` would
+overflow the weight's type), and `q = round_half_even(W / scale)` in [-qmax,
+qmax], stored as `i4`, `i8` or `i16` and dequantized in the graph (the product
+in f32, converted once to an f16 or bf16 weight's type), so XLA, IREE and
+every StableHLO consumer run the module as it is (QDQ). Before:
 
     %k = stablehlo.constant dense<...> : tensor<3x3x16x32xf32>
     %y = stablehlo.convolution(%x, %k) ...
@@ -51,7 +52,7 @@ from bnfold.quant.moments import Walk
 from bnfold.refusal import Code, Refusal
 from bnfold.report import Quantized
 from bnfold.rewriter import Rewriter
-from bnfold.through import BiasAdds, bias_adds, kernel_f64, mean_through
+from bnfold.through import BiasAdds, bias_adds, mean_through
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
@@ -84,9 +85,11 @@ class Weights:
 
     q: np.ndarray  # int8 or int16 values in [-qmax, qmax]
     scale: np.ndarray  # float64 values of the scales as stored (rank 0, or one per channel)
-    dequantized: np.ndarray  # float64 of q * scale as the program computes it
+    dequantized: np.ndarray  # float64 of the weight the program computes (see `quantize`)
     storage: str  # "i4", "i8" or "i16"
     axis: int | None  # per-channel: the kernel axis of the scales
+    compute: np.dtype  # the scale's type, where `convert(q) * scale` is computed
+    raised: tuple[int, ...] = ()  # channels (per tensor: 0) whose scale is the smallest normal
 
 
 @dataclass(frozen=True)
@@ -114,52 +117,80 @@ def storage_type(bits: int) -> str:
     return "i4" if bits <= 4 else "i8" if bits <= 8 else "i16"
 
 
-def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None
-             ) -> Weights | Refusal:
-    """Symmetric quantization of a float64 kernel whose program type is `dtype`."""
+def compute_type(dtype: np.dtype) -> np.dtype:
+    """Where the program dequantizes a weight of type `dtype`: f64 for f64 weights, else
+    f32 (every integer up to 16 bits is exact there, and `q * scale` rounds once)."""
+    return np.dtype(np.float64 if np.dtype(dtype) == np.float64 else np.float32)
+
+
+def quantize(values: np.ndarray, bits: int, dtype: np.dtype, axis: int | None,
+             shape: tuple[int, ...]) -> Weights | Refusal:
+    """Symmetric quantization of a float64 kernel whose program type is `dtype`.
+
+    `values` may be compact (broadcastable to `shape`, e.g. a splat of one value): the
+    integers then are too. The program computes `convert(q) * scale` in `compute_type`
+    and converts the product once to `dtype`: `dequantized` is exactly that."""
     qmax = 2 ** (bits - 1) - 1
-    if qmax > 2 ** precision.significand_bits(dtype):
-        return Refusal(Code.PRECISION, f"precision: {bits}-bit integers are not exact in "
-                                       f"{precision.type_name(dtype)}, the weight's type (its "
-                                       f"significand has {precision.significand_bits(dtype)} "
-                                       "bits): the dequantized weight would round")
+    compute = compute_type(dtype)
     if not np.all(np.isfinite(values)):
         return Refusal(Code.PRECISION, "precision: the weight is not finite")
     others = tuple(d for d in range(values.ndim) if d != axis)
-    top = np.max(np.abs(values), axis=others) if axis is not None else np.max(np.abs(values))
+    if axis is not None:
+        top = np.broadcast_to(np.max(np.abs(values), axis=others), (shape[axis],))
+    else:
+        top = np.asarray(np.max(np.abs(values)))
     with np.errstate(all="ignore"):
-        stored = np.asarray(np.where(top > 0, top / qmax, 1.0)).astype(dtype)  # zero channel: 1
-        # A scale that rounded down would put the largest weight past qmax + 1/2, where
-        # it is clipped (bf16 int9: up to a whole step off): take the next value up.
-        low = top / stored.astype(np.float64) > qmax + 0.5
-        stored = np.where(low, _next_up(stored), stored)
-        scale = stored.astype(np.float64)
-    # Every scale is finite (max|W| is a value of the type), and one that underflowed to 0
-    # is caught here: CPUs compute f16 and bf16 in f32 and flush what is subnormal there to
-    # zero (XLA CPU does: the channel's output would be 0). An f16 subnormal is normal in f32.
-    compute = np.dtype(np.float64 if np.dtype(dtype).itemsize == 8 else np.float32)
+        scale = np.asarray(np.where(top > 0, top / qmax, 1.0)).astype(compute)  # zero channel: 1
+    # A scale that is subnormal where the program multiplies is flushed to zero by CPUs
+    # (XLA CPU: the channel's output would be 0): it is raised to the smallest normal
+    # number, a coarser step (fewer levels) for that channel, every weight still within
+    # half of it.
     tiny = precision.smallest_normal(compute)
-    if np.any(scale < tiny):
-        return Refusal(Code.PRECISION,
-                       f"precision: a scale max|W| / {qmax} = {float(np.min(scale)):.3g} is below "
-                       f"{precision.type_name(compute)}'s smallest normal number {tiny:.3g}, "
-                       "which compilers flush to zero (XLA CPU does: the channel's output would "
-                       "be 0). Keep this layer in float, or scale its weights up first")
-    shape = [1] * values.ndim
+    raised = scale < tiny
+    scale = np.where(raised, compute.type(tiny), scale).astype(compute)
+    q, dequantized = _quantized(values, scale, qmax, dtype, axis)
+    # A scale that rounded up can put qmax * scale past the weight type's largest value
+    # (f16 65504: scale 515.78 in f32, 127 * scale rounds to inf in f16): those take the
+    # value one below, which puts the largest weight a tiny fraction of a step past qmax.
+    overflow = ~np.isfinite(dequantized)
+    if np.any(overflow):
+        bad = np.any(overflow, axis=others) if axis is not None else np.any(overflow)
+        scale = np.where(bad, np.nextafter(scale, compute.type(0)), scale).astype(compute)
+        q, dequantized = _quantized(values, scale, qmax, dtype, axis)
+    scale64 = scale.astype(np.float64)
+    step = scale64.reshape(_scale_shape(values.ndim, axis))
+    # The contract, checked on the numbers (a wrong number is worse than a refusal): every
+    # weight the program computes is finite and the integers are within half a step.
+    if not np.all(np.isfinite(dequantized)):
+        return Refusal(Code.PRECISION, "precision: a dequantized weight would overflow "
+                                       f"{precision.type_name(dtype)}: keep this layer in float")
+    off = np.abs(q * step - values) / step
+    if np.any(off > 0.5 + 2.0 ** -30):  # float64 roundoff of off itself (f64 weights)
+        return Refusal(Code.PRECISION, f"precision: an integer would be {float(np.max(off)):.3g} "
+                                       "steps off its weight (more than half a step): keep this "
+                                       "layer in float")
+    return Weights(q.astype(np.int8 if bits <= 8 else np.int16), scale64, dequantized,
+                   storage_type(bits), axis, compute,
+                   tuple(int(c) for c in np.flatnonzero(raised)))
+
+
+def _scale_shape(ndim: int, axis: int | None) -> list[int]:
+    shape = [1] * ndim
     if axis is not None:
         shape[axis] = -1
-    q = np.clip(np.rint(values / scale.reshape(shape)), -qmax, qmax)
-    # The program converts q to the weight's type and multiplies by the stored scale there.
-    dequantized = (q.astype(dtype) * stored.reshape(shape)).astype(np.float64)
-    return Weights(q.astype(np.int8 if bits <= 8 else np.int16), scale, dequantized,
-                   storage_type(bits), axis)
+    return shape
 
 
-def _next_up(values: np.ndarray) -> np.ndarray:
-    """The next representable value above each positive finite value, in its own float
-    type (bfloat16 too: one more in the bit pattern)."""
-    bits = values.view(np.dtype(f"u{values.dtype.itemsize}"))
-    return (bits + 1).view(values.dtype)
+def _quantized(values: np.ndarray, scale: np.ndarray, qmax: int, dtype: np.dtype,
+               axis: int | None) -> tuple[np.ndarray, np.ndarray]:
+    """The integers round_half_even(W / scale) in [-qmax, qmax], and the weights the program
+    computes from them: `convert(q) * scale` in the scale's type, converted once to `dtype`."""
+    step = scale.reshape(_scale_shape(values.ndim, axis))
+    q = np.clip(np.rint(values / step.astype(np.float64)), -qmax, qmax)
+    with np.errstate(all="ignore"):
+        product = q.astype(scale.dtype) * step
+        dequantized = product.astype(dtype) if np.dtype(dtype) != scale.dtype else product
+    return q, dequantized.astype(np.float64)
 
 
 def sqnr_db(values: np.ndarray, dequantized: np.ndarray) -> float:
@@ -183,7 +214,7 @@ def layer(root: Root, ctx: Context) -> Layer | Refusal | None:
     if isinstance(kernel_axis, Refusal):
         return kernel_axis
     value = op.operands[kernel_axis.operand]
-    if _is_quantized(value):
+    if producers.is_dequantized(value):
         return Refusal(Code.NOTHING, "already quantized (an integer constant times a scale)")
     compute = elements.numpy_dtype(ir.RankedTensorType(value.type).element_type)
     assert compute is not None
@@ -193,33 +224,22 @@ def layer(root: Root, ctx: Context) -> Layer | Refusal | None:
     return Layer(op, kernel_axis.operand, kernel_axis.axis, kernel, root.walk)
 
 
-def _is_quantized(value: ir.Value) -> bool:
-    """`multiply(convert(integer constant), scale)`, as this pattern writes it."""
-    owner = defining_op(value)
-    if owner is None or owner.name != "stablehlo.multiply":
-        return False
-    for operand in owner.operands:
-        convert = defining_op(operand)
-        if convert is not None and convert.name == "stablehlo.convert":
-            source = elements.ranked_type(convert.operands[0])
-            if source is not None and isinstance(source.element_type, ir.IntegerType):
-                return True
-    return False
-
-
 def plan(ctx: Context, found: Layer) -> Plan | Refusal:
     options = ctx.options
     bits = options.bits
     assert bits is not None
-    values = kernel_f64(found.kernel)
-    if isinstance(values, Refusal):
-        return values
+    kernel = found.kernel
+    values = np.asarray(kernel.values, dtype=np.float64)  # compact: a splat stays one value
+    if kernel.convert is not None:
+        values = values.astype(kernel.effective).astype(np.float64)
     per_channel = options.quantize_granularity == "per-channel"
-    weights = quantize(values, bits, found.kernel.effective, found.out_axis if per_channel else None)
+    weights = quantize(values, bits, kernel.effective, found.out_axis if per_channel else None,
+                       kernel.shape)
     if isinstance(weights, Refusal):
         return weights
     correction = correct_bias(ctx, found, values, weights) if options.bias_correction else None
-    return Plan(found, weights, sqnr_db(values, weights.dequantized), correction)
+    return Plan(found, weights, sqnr_db(*np.broadcast_arrays(values, weights.dequantized)),
+                correction)
 
 
 def correct_bias(ctx: Context, found: Layer, values: np.ndarray, weights: Weights
@@ -243,7 +263,12 @@ def correct_bias(ctx: Context, found: Layer, values: np.ndarray, weights: Weight
     mapping = producers.input_scale_map(op, operand, moments.axis)
     if isinstance(mapping, Refusal):
         return mapping.wrap("E[x] is per channel along another axis than the layer reads")
-    error = weights.dequantized - values
+    shape = found.kernel.shape
+    if values.shape != shape and int(np.prod(shape)) > precision.MAX_EXPANDED_ELEMENTS:
+        return Refusal(Code.LIMIT, f"the kernel is a splat of {int(np.prod(shape))} elements "
+                                   "(more than 2^24); its correction would expand it, so the "
+                                   "layer is quantized uncorrected")
+    error = np.broadcast_to(weights.dequantized, shape) - np.broadcast_to(values, shape)
     found_shift = mean_through(op, mapping, error, moments.mean, padding, unpadded)
     if isinstance(found_shift, Refusal):
         return found_shift
@@ -285,20 +310,32 @@ def _absorbed_padding(op: ir.Operation, pad: ir.Operation, ctx: Context
 
 def dequantize(weights: Weights, like: ir.Value, loc: ir.Location,
                anchor: ir.Operation | None = None) -> ir.Value:
-    """`convert(q) * broadcast(scale)` of `like`'s type, at the insertion point (the
-    integer constant keeps `anchor`'s discardable attributes)."""
+    """`convert(convert(q) * broadcast(scale))` of `like`'s type, at the insertion point:
+    the product in the scale's type (f32, or f64), one convert to the weight's type where
+    that differs (the integer constant keeps `anchor`'s discardable attributes)."""
     ty = ir.RankedTensorType(like.type)
+    shape = list(ty.shape)
     with loc:
+        wide = elements.element_type(weights.compute)
+        wide_type = ir.RankedTensorType.get(shape, wide)
         storage = ir.IntegerType.get_signless(int(weights.storage[1:]))
-        q_type = ir.RankedTensorType.get(list(ty.shape), storage)
-        q = stablehlo.ConstantOp(elements.array_attr(weights.q, q_type))
+        q_type = ir.RankedTensorType.get(shape, storage)
+        if weights.q.size == 1 and weights.q.shape != tuple(shape):  # a splat stays one
+            attr = ir.DenseElementsAttr.get_splat(
+                q_type, ir.IntegerAttr.get(storage, int(weights.q.reshape(-1)[0])))
+        else:
+            attr = elements.array_attr(np.broadcast_to(weights.q, shape), q_type)
+        q = stablehlo.ConstantOp(attr)
         if anchor is not None:
             carry_attributes(anchor, q.operation)
-        floats = stablehlo.ConvertOp(ty, q.result).result
-        scale = stablehlo.ConstantOp(elements.dense_attr(weights.scale, ty.element_type)).result
+        floats = stablehlo.ConvertOp(wide_type, q.result).result
+        scale = stablehlo.ConstantOp(elements.dense_attr(weights.scale, wide)).result
         dims = [] if weights.axis is None else [weights.axis]
-        scales = stablehlo.BroadcastInDimOp(ty, scale, dims).result
-        return stablehlo.MulOp(floats, scales).result
+        scales = stablehlo.BroadcastInDimOp(wide_type, scale, dims).result
+        product = stablehlo.MulOp(floats, scales).result
+        if wide == ty.element_type:
+            return product
+        return stablehlo.ConvertOp(ty, product).result
 
 
 def build(rewriter: Rewriter, p: Plan) -> ir.Operation:
@@ -352,7 +389,10 @@ def _record(ctx: Context, p: Plan, copy: ir.Operation) -> Quantized:
         producer_op=p.layer.op.name, function=function_name(copy), bits=options.bits,
         granularity=options.quantize_granularity or "per-tensor", storage=p.weights.storage,
         axis=p.layer.out_axis, weight_sqnr_db=p.sqnr, bias_correction=correction,
-        params=params, weight_location=_weight_location(p.layer.kernel))
+        params=params, weight_location=_weight_location(p.layer.kernel),
+        scale_type=precision.type_name(p.weights.compute),
+        weight_type=precision.type_name(p.layer.kernel.effective),
+        raised_scales=list(p.weights.raised))
 
 
 def _weight_location(kernel: producers.Kernel) -> str:
