@@ -270,3 +270,58 @@ def test_visualize_on_a_busy_port_names_the_option_and_writes_nothing(tmp_path: 
         proc.stderr
     assert "--visualize-port" in proc.stderr
     assert not (tmp_path / "o.mlir").exists() and list(temp.iterdir()) == []
+
+
+def test_visualize_in_a_real_browser_shows_the_folds_expanded_and_side_by_side(tmp_path: Path):
+    """Issue 32 item 7, judged on pixels: headless Chromium loads `--visualize`'s page; the
+    left pane is the input with the ops of a folded normalization green and every op of a
+    refused one red, drawn in the graph itself (a collapsed layer would hide them: jax.export's
+    name scopes), and the right pane is the folded graph. Needs the viz extra, Playwright and
+    a Chromium (CI installs all three)."""
+    pytest.importorskip("model_explorer")
+    pytest.importorskip("playwright")
+    import shutil
+    import sys
+
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium)")
+    sys.path.insert(0, str(Path(__file__).parent.parent / "tools"))
+    try:
+        import screenshot_viz
+    finally:
+        sys.path.pop(0)
+    src = tmp_path / "scoped.mlir"
+    src.write_text(_scoped_module())
+    panes = screenshot_viz.capture(src, tmp_path / "shot.png", port=_free_port(), wait=8.0,
+                                   chromium=chromium)
+    assert [title.split(" | ")[-1] for title, _ in panes] == ["main", "main (folded)"], panes
+    left = panes[0][1]
+    assert left["folded"] > 200 and left["not folded"] > 200, panes
+    assert panes[1][1]["absorbed"] > 0, panes  # once picked again, as the CLI says
+
+
+def _scoped_module() -> str:
+    """Two conv + batch-norm blocks under jax.named_scope (Model Explorer draws each scope as
+    a layer), the second with a conv result also returned (not folded: 'users')."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    k = rng.normal(size=(2, 3, 3, 4, 4)).astype(np.float32)
+    m, b = rng.normal(size=(2, 2, 4)).astype(np.float32)
+    v, g = rng.uniform(0.5, 2.0, size=(2, 2, 4)).astype(np.float32)
+
+    def f(x):
+        outs = []
+        for i in range(2):
+            with jax.named_scope(f"Block_{i}"):
+                y = jax.lax.conv_general_dilated(x, k[i], (1, 1), "SAME",
+                                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
+                x = jax.nn.relu((y - m[i]) * jax.lax.rsqrt(v[i] + 1e-5) * g[i] + b[i])
+                outs.append(y)
+        return x, outs[1]
+
+    spec = jax.ShapeDtypeStruct((1, 6, 6, 4), jnp.float32)
+    return jax.export.export(jax.jit(f))(spec).mlir_module()

@@ -72,11 +72,7 @@ def capture(module: Path, png: Path, *, port: int = 8124, wait: float = 15.0,
                 page.goto(url)
                 page.wait_for_selector("canvas", timeout=120_000)
                 time.sleep(wait)
-                hidden = page.get_by_text("visibility_off", exact=True)
-                for _ in range(hidden.count()):
-                    hidden.nth(0).click()  # each click shows one; the list shrinks
-                    time.sleep(1.0)
-                time.sleep(2.0)
+                _colour_right_pane(page, wait)
                 page.screenshot(path=str(png))
                 panes = _panes(page, Path(tmp))
                 browser.close()
@@ -84,6 +80,22 @@ def capture(module: Path, png: Path, *, port: int = 8124, wait: float = 15.0,
             server.terminate()
             server.wait(timeout=30)
     return panes
+
+
+def _colour_right_pane(page: Any, wait: float) -> None:
+    """Model Explorer applies node data to the pane open when it loads (the left one); the
+    right pane gets it when its graph is picked again: select the pane, pick another graph,
+    then the folded one (what the CLI tells a person to do)."""
+    page.get_by_text(f"| main{FOLDED}").first.click()
+    time.sleep(1.0)
+    for name in ("main", f"main{FOLDED}"):
+        page.get_by_text(" nodes").first.click()
+        time.sleep(1.5)
+        page.get_by_text(name, exact=True).last.click()
+        time.sleep(wait / 3)
+
+
+FOLDED = " (folded)"  # bnfold.viz.FOLDED_SUFFIX (this tool runs without importing bnfold)
 
 
 def _panes(page: Any, tmp: Path) -> list[tuple[str, dict[str, int]]]:

@@ -457,9 +457,13 @@ def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
 
     try:
         with viz.session(args.input, options=options) as view:
-            print(f"{PROG}: Model Explorer: input {view.input.name}, output {view.output.name}, "
-                  f"node data 'bnfold' on each (temporary files in {view.input.parent}, "
-                  f"removed when the server stops)", file=sys.stderr)
+            print(f"{PROG}: Model Explorer: the input (left) and the folded module (right, "
+                  f"its functions named NAME{viz.FOLDED_SUFFIX}) side by side in "
+                  f"{view.both.name}, node data 'bnfold' (temporary files in "
+                  f"{view.input.parent}, removed when the server stops)\n"
+                  f"{PROG}: legend: {viz.LEGEND}. Model Explorer colours the left pane "
+                  f"when it opens; to colour the right one, pick main{viz.FOLDED_SUFFIX} "
+                  f"again in its graph selector", file=sys.stderr)
             sys.stderr.flush()
             viz.serve(view, port=args.visualize_port)
     except KeyboardInterrupt:
