@@ -127,12 +127,13 @@ def test_quantized_types_give_a_clean_error():
 
 
 @pytest.mark.parametrize("version, supported", [("0.8.3", False), ("0.9.0", True),
-                                                ("0.10.2", True), ("0.11.0", False)])
+                                                ("0.10.2", True), ("0.11.2", True),
+                                                ("0.12.0", False)])
 def test_unsupported_jaxlib_fails_at_import_with_the_range(version, supported):
     from bnfold import _jaxlib_version
 
     if supported:
         _jaxlib_version.check(version)
         return
-    with pytest.raises(ImportError, match=r"supports jax/jaxlib 0\.9 to 0\.10.*pip install"):
+    with pytest.raises(ImportError, match=r"supports jax/jaxlib 0\.9 to 0\.11.*pip install"):
         _jaxlib_version.check(version)

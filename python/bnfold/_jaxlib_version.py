@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 
-SUPPORTED = ((0, 9), (0, 11))  # [low, high): CI tests 0.9.0 and 0.10.2
+# [low, high): CI tests 0.9.0 and 0.10.2; 0.11.2 ran an earlier commit's suite (issue 35)
+SUPPORTED = ((0, 9), (0, 12))
 
 
 def check(version: str) -> None:
@@ -21,7 +22,7 @@ def check(version: str) -> None:
         spec = f">={lo_major}.{lo_minor},<{hi_major}.{hi_minor}"
         raise ImportError(
             f"bnfold supports jax/jaxlib {lo_major}.{lo_minor} to {hi_major}.{hi_minor - 1} "
-            f"(tested 0.9.0 and 0.10.2), not jaxlib {version}: "
+            f"(tested 0.9.0 and 0.10.2 in CI, 0.11.2 once), not jaxlib {version}: "
             f"pip install 'jax{spec}' 'jaxlib{spec}'")
 
 
