@@ -26,6 +26,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         server = subprocess.Popen(
             [sys.executable, "-m", "bnfold", str(args.module), "-o", f"{tmp}/folded.mlir",
              "--visualize", "--visualize-port", str(args.port)],
-            stdout=subprocess.PIPE, text=True)
+            stderr=subprocess.PIPE, text=True)  # the URL is on stderr (stdout: the module's)
         try:
             url = _url(server)
             with sync_playwright() as p:
@@ -80,9 +81,13 @@ def _open_output_in_split_pane(page: Any, wait: float) -> None:
 
 
 def _url(server: subprocess.Popen[str]) -> str:
-    assert server.stdout is not None
-    for line in server.stdout:
+    assert server.stderr is not None
+    stderr = server.stderr
+    for line in stderr:
         if line.startswith("http://"):
+            # Keep draining (the server's request log) so a full pipe never blocks it.
+            threading.Thread(target=lambda: [sys.stderr.write(rest) for rest in stderr],
+                             daemon=True).start()
             return line.strip()
     raise SystemExit(f"bnfold-opt --visualize exited ({server.wait()}) without a URL")
 

@@ -126,7 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--visualize", action="store_true",
                         help="after writing the outputs, show the input and the folded module "
                              "with the overlay in Model Explorer's local server (needs the "
-                             "'bnfold[viz]' extra); prints the URL, Ctrl+C stops")
+                             "'bnfold[viz]' extra); prints the URL on stderr (stdout keeps only "
+                             "the module), Ctrl+C stops")
     parser.add_argument("--visualize-port", type=int, default=8080, metavar="PORT",
                         help="port of the --visualize server on localhost (default: 8080)")
     parser.add_argument("--bind-params", metavar="FILE.npz",
@@ -318,22 +319,26 @@ def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
     (the outputs are written by now: an interrupt here is how the server stops)."""
     from bnfold import viz
 
-    try:
-        with viz.session(args.input, options=options) as view:
-            print(f"{PROG}: Model Explorer: input {view.input.name}, output {view.output.name}, "
-                  f"node data 'bnfold' on each (temporary files in {view.input.parent}, "
-                  f"removed when the server stops)", file=sys.stderr)
-            sys.stderr.flush()
-            viz.serve(view, port=args.visualize_port)
-    except KeyboardInterrupt:
-        pass
-    print(f"{PROG}: Model Explorer stopped; its temporary files are removed", file=sys.stderr)
-    # Model Explorer leaves non-daemon threads behind (its server; a PyPI version check
-    # that can take a minute without network), which would keep the process alive after
-    # Ctrl+C. The outputs and the report are written by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # Model Explorer prints its banner and URL on stdout, which may be the module's stream
+    # (`--visualize > folded.mlir`): stdout is stderr until the process exits.
+    with viz.stdout_to_stderr():
+        try:
+            with viz.session(args.input, options=options) as view:
+                print(f"{PROG}: Model Explorer: input {view.input.name}, output "
+                      f"{view.output.name}, node data 'bnfold' on each (temporary files in "
+                      f"{view.input.parent}, removed when the server stops)", file=sys.stderr)
+                sys.stderr.flush()
+                viz.serve(view, port=args.visualize_port)
+        except KeyboardInterrupt:
+            pass
+        print(f"{PROG}: Model Explorer stopped; its temporary files are removed",
+              file=sys.stderr)
+        # Model Explorer leaves non-daemon threads behind (its server; a PyPI version check
+        # that can take a minute without network), which would keep the process alive after
+        # Ctrl+C. The outputs and the report are written by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _outputs(args: argparse.Namespace) -> Outputs:
