@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 import support
 
 CONV_BN = support.TESTDATA / "conv2d_nhwc_bn.mlir"
@@ -115,3 +117,44 @@ def test_summary_separates_batch_norms_from_other_affine_folds(tmp_path):
     summary = proc.stderr.decode()
     assert "folded 52 normalization(s)" in summary
     assert "(+1 other affine: 1 divide folded forward)" in summary
+
+
+@pytest.mark.parametrize("flags, flag, needs", [
+    (["--report-format", "text"], "--report-format", "--report"),
+    (["--visualize-port", "9000"], "--visualize-port", "--visualize"),
+    (["--bind-func", "main"], "--bind-func", "--bind-params"),
+    (["--emit", "bytecode", "--mlir-elide-elementsattrs-if-larger", "4"],
+     "--mlir-elide-elementsattrs-if-larger", "--emit mlir"),
+    (["--emit", "portable", "--mlir-print-op-generic"], "--mlir-print-op-generic", "--emit mlir"),
+    (["--emit-bytecode", "--mlir-print-debuginfo"], "--mlir-print-debuginfo", "--emit mlir"),
+])
+def test_a_flag_that_cannot_take_effect_names_the_flag_it_needs(flags, flag, needs, tmp_path):
+    """Issue 32: these were accepted and did nothing."""
+    out = tmp_path / "out"
+    proc = run("-q", CONV_BN, "-o", out, *flags)
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and not out.exists()
+    assert err.count("\n") == 1 and err.startswith(f"bnfold-opt: error: {flag} needs {needs}")
+    assert "Traceback" not in err
+
+
+def test_the_flags_work_with_what_they_need(tmp_path):
+    proc = run("-q", CONV_BN, "-o", tmp_path / "o.mlir", "--report", tmp_path / "r.txt",
+               "--report-format", "text", "--mlir-print-op-generic")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "r.txt").read_text().startswith("fold ")
+
+
+def test_fail_if_nothing_folded_exits_2_and_still_writes_the_outputs(tmp_path):
+    nothing = "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n  return %a : tensor<2xf32>\n}\n"
+    out, report = tmp_path / "o.mlir", tmp_path / "r.json"
+    plain = run("-", "-o", out, stdin=nothing.encode())
+    assert plain.returncode == 0 and "nothing folded" not in plain.stderr.decode()
+    out.unlink()
+    proc = run("-", "-o", out, "--report", report, "--fail-if-nothing-folded",
+               stdin=nothing.encode())
+    assert proc.returncode == 2, proc.stderr
+    assert "nothing folded; exit status 2 (--fail-if-nothing-folded)" in proc.stderr.decode()
+    assert "func.func @main" in out.read_text() and json.loads(report.read_text())["folds"] == []
+    folds = run("-q", CONV_BN, "-o", out, "--fail-if-nothing-folded")
+    assert folds.returncode == 0 and folds.stderr == b""

@@ -1,7 +1,8 @@
 """bnfold-opt: fold batch normalization in StableHLO files, opt-style.
 
 Exit status: 0 on success (whether or not anything folded), 1 on bad input,
-bad options or an internal error. On failure nothing is written to the
+bad options or an internal error, 2 when nothing folded and --fail-if-nothing-folded
+asked for it (the outputs are written). On failure nothing is written to the
 output file: output goes through a temporary file and a rename.
 """
 
@@ -108,8 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", metavar="FILE.json",
                         help="write the fold report (folds and skipped ops with reasons) as "
                              "JSON; '-' is stdout (then give -o a file)")
-    parser.add_argument("--report-format", choices=("json", "text"), default="json",
-                        help="--report as JSON (default) or a human-readable table")
+    parser.add_argument("--report-format", choices=("json", "text"), default=None,
+                        help="with --report: JSON (default) or a human-readable table")
     parser.add_argument("--report-params", metavar="FILE.npz",
                         help="save each fold's statistics as <fold id>/<name> arrays: scale, "
                              "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference; "
@@ -128,14 +129,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "with the overlay in Model Explorer's local server (needs the "
                              "'bnfold[viz]' extra); prints the URL on stderr (stdout keeps only "
                              "the module), Ctrl+C stops")
-    parser.add_argument("--visualize-port", type=int, default=8080, metavar="PORT",
-                        help="port of the --visualize server on localhost (default: 8080)")
+    parser.add_argument("--visualize-port", type=int, default=None, metavar="PORT",
+                        help="with --visualize: port of the server on localhost (default: 8080)")
     parser.add_argument("--bind-params", metavar="FILE.npz",
                         help="bind function arguments to these arrays before folding; keys are "
                              "argN or argument names (jax.arg_info / loc names); bound arguments "
                              "become constants and leave the signature")
-    parser.add_argument("--bind-func", default="main", metavar="NAME",
-                        help="function whose arguments --bind-params binds (default: main)")
+    parser.add_argument("--bind-func", default=None, metavar="NAME",
+                        help="with --bind-params: the function whose arguments it binds "
+                             "(default: main)")
     parser.add_argument("--pass-pipeline", metavar="PIPELINE",
                         help="run this textual pipeline instead of the default fold, mixing "
                              "bnfold's passes (" + ", ".join(p.name for p in PASSES) + "; see "
@@ -147,13 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "bad chunk is reported with its line, the others are still "
                              "processed (printed to stdout; a file output is written only "
                              "when every chunk succeeded), and the exit status is 1")
+    parser.add_argument("--fail-if-nothing-folded", action="store_true",
+                        help="exit with status 2 when nothing folded (the outputs are still "
+                             "written; for CI scripts)")
     parser.add_argument("--mlir-print-debuginfo", "--print-debuginfo", dest="print_debuginfo",
-                        action="store_true", help="print locations in MLIR text output")
+                        action="store_true", help="print locations in MLIR text output "
+                                                  "(--emit mlir)")
     parser.add_argument("--mlir-print-op-generic", dest="print_generic", action="store_true",
-                        help="print ops in the generic form")
+                        help="print ops in the generic form (--emit mlir)")
     parser.add_argument("--mlir-elide-elementsattrs-if-larger", dest="elide_larger", type=int,
                         metavar="N", help="print constants with more than N elements as "
-                                          "dense_resource<__elided__> (readable, not runnable)")
+                                          "dense_resource<__elided__> (readable, not runnable; "
+                                          "--emit mlir)")
     parser.add_argument("--emit-bytecode", dest="emit", action="store_const", const="bytecode",
                         help="same as --emit bytecode")
     parser.add_argument("--allow-unregistered-dialect", action="store_true",
@@ -238,6 +245,7 @@ def _read(path: str) -> bytes:
 def _run(args: argparse.Namespace, name: str) -> int:
     from bnfold import ir as bir
 
+    _check_dependent_flags(args)
     options = _options(args)
     if args.split_input_file and args.emit != "mlir":
         raise BnfoldError("--split-input-file works with --emit mlir only")
@@ -309,12 +317,17 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"{PROG}: {name}: {report.summary()} in {elapsed:.2f} s", file=sys.stderr)
+    status = 0
+    if args.fail_if_nothing_folded and not report.folds:
+        print(f"{PROG}: {name}: nothing folded; exit status 2 (--fail-if-nothing-folded)",
+              file=sys.stderr)
+        status = 2
     if args.visualize:
-        _visualize(args, options)
-    return 0
+        _visualize(args, options, status)
+    return status
 
 
-def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
+def _visualize(args: argparse.Namespace, options: FoldOptions, status: int = 0) -> None:
     """Serves both modules until Ctrl+C or SIGTERM; the temporary copies go either way
     (the outputs are written by now: an interrupt here is how the server stops)."""
     from bnfold import viz
@@ -338,7 +351,7 @@ def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
         # Ctrl+C. The outputs and the report are written by now.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)
+        os._exit(status)
 
 
 def _outputs(args: argparse.Namespace) -> Outputs:
@@ -391,6 +404,37 @@ def _write_module(folded: Folded, args: argparse.Namespace, file: BinaryIO) -> N
 def _print_options(args: argparse.Namespace) -> dict[str, Any]:
     return {"debug_info": args.print_debuginfo, "generic": args.print_generic,
             "elide_larger": args.elide_larger}
+
+
+# Flags that only mean something with another one: (flag, its dest, what it needs, is
+# that given?). A flag that cannot take effect is an error naming what
+# it needs, never a silent no-op.
+_DEPENDENT: tuple[tuple[str, str, str, Callable[[argparse.Namespace], bool]], ...] = (
+    ("--report-format", "report_format", "--report", lambda a: bool(a.report)),
+    ("--visualize-port", "visualize_port", "--visualize", lambda a: bool(a.visualize)),
+    ("--bind-func", "bind_func", "--bind-params", lambda a: bool(a.bind_params)),
+    ("--mlir-print-debuginfo", "print_debuginfo", "--emit mlir (bytecode and portable "
+     "artifacts always keep locations)", lambda a: a.emit == "mlir"),
+    ("--mlir-print-op-generic", "print_generic", "--emit mlir (it is a text form)",
+     lambda a: a.emit == "mlir"),
+    ("--mlir-elide-elementsattrs-if-larger", "elide_larger", "--emit mlir (bytecode and "
+     "portable artifacts keep every constant)", lambda a: a.emit == "mlir"),
+)
+
+
+def _check_dependent_flags(args: argparse.Namespace) -> None:
+    for flag, dest, needs, given in _DEPENDENT:
+        value = getattr(args, dest, None)
+        if value is not None and value is not False and not given(args):
+            raise BnfoldError(f"{flag} needs {needs}; without it, it would do nothing")
+    if args.report_format is None:
+        args.report_format = "json"
+    if args.visualize_port is None and args.visualize:
+        from bnfold.viz import DEFAULT_PORT
+
+        args.visualize_port = DEFAULT_PORT
+    if args.bind_func is None:
+        args.bind_func = "main"
 
 
 def _process(args: argparse.Namespace, options: FoldOptions, name: str,
