@@ -158,3 +158,77 @@ def test_fail_if_nothing_folded_exits_2_and_still_writes_the_outputs(tmp_path):
     assert "func.func @main" in out.read_text() and json.loads(report.read_text())["folds"] == []
     folds = run("-q", CONV_BN, "-o", out, "--fail-if-nothing-folded")
     assert folds.returncode == 0 and folds.stderr == b""
+
+
+SMALL = "func.func @main(%a: tensor<2xf32>) -> tensor<2xf32> {\n  return %a : tensor<2xf32>\n}\n"
+
+
+def _on_a_terminal(args: list[object], *, stdin_tty: bool = False, stdout_tty: bool = False,
+                   typed: bytes = b"") -> tuple[int, bytes, bytes]:
+    """Runs bnfold-opt with stdin and/or stdout on a pseudo-terminal; returns the status,
+    what reached the terminal (stdout side) or the stdout pipe, and stderr."""
+    import os
+    import pty
+
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "bnfold", *map(str, args)],
+                                stdin=slave if stdin_tty else subprocess.DEVNULL,
+                                stdout=slave if stdout_tty else subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        os.close(slave)
+        if stdin_tty:
+            os.write(master, typed + b"\x04")  # Ctrl+D at the start of a line: end of input
+        out = b""
+        if stdout_tty:
+            while True:
+                try:
+                    chunk = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not chunk:
+                    break
+                out += chunk
+        pipe_out, err = proc.communicate(timeout=120)
+    finally:
+        os.close(master)
+    return proc.returncode, out if stdout_tty else pipe_out, err
+
+
+def test_no_input_on_a_terminal_says_it_reads_standard_input():
+    """Issue 32: `bnfold-opt` with no argument at a terminal seemed to hang."""
+    status, out, err = _on_a_terminal(["-q"], stdin_tty=True, typed=SMALL.encode())
+    assert status == 0, err
+    assert err.decode().startswith("bnfold-opt: reading the module from standard input "
+                                   "(end it with Ctrl+D"), err
+    assert b"func.func @main" in out
+    piped = run("-q", "-", stdin=SMALL.encode())  # not a terminal: nothing to say
+    assert piped.returncode == 0 and piped.stderr == b""
+
+
+@pytest.mark.parametrize("flags, what", [(["--emit", "bytecode"], "--emit bytecode"),
+                                         (["--emit", "portable"], "--emit portable"),
+                                         (["-o", "/dev/null", "--report-params", "-"], ".npz")])
+def test_binary_output_to_a_terminal_is_refused(flags, what):
+    status, out, err = _on_a_terminal(["-q", CONV_BN, *flags], stdout_tty=True)
+    assert status == 1 and out == b"", out[:200]
+    assert err.decode() == (f"bnfold-opt: error: refusing to write binary output ({what}) to a "
+                            f"terminal: give {'-o' if what != '.npz' else '--report-params'} a "
+                            f"file name, or redirect stdout\n")
+
+
+def test_text_output_to_a_terminal_is_written():
+    status, out, err = _on_a_terminal(["-q", CONV_BN], stdout_tty=True)
+    assert status == 0 and b"stablehlo.convolution" in out, err
+
+
+def test_a_misspelled_flag_gets_the_nearest_one_in_one_line():
+    proc = run(CONV_BN, "--equalise")
+    err = proc.stderr.decode()
+    assert proc.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith("bnfold-opt: error: unknown option --equalise; did you mean "
+                          "--equalize?")
+    far = run(CONV_BN, "--xyzzy").stderr.decode()
+    assert "unknown option --xyzzy" in far and "did you mean" not in far
+    extra = run(CONV_BN, "second.mlir").stderr.decode()
+    assert "unexpected argument(s) 'second.mlir' (bnfold-opt takes one INPUT)" in extra
