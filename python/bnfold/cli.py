@@ -22,7 +22,7 @@ from bnfold import __version__, options
 from bnfold.errors import BnfoldError
 from bnfold.outputs import Outputs
 from bnfold.patterns import PASSES, REGISTRY
-from bnfold.pipeline import Folded, FoldOptions, fold_source
+from bnfold.pipeline import Bindings, Folded, FoldOptions, fold_source
 from bnfold.report import Report
 
 PROG = "bnfold-opt"
@@ -161,6 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="bind function arguments to these arrays before folding; keys are "
                              "argN or argument names (jax.arg_info / loc names); bound arguments "
                              "become constants and leave the signature")
+    parser.add_argument("--bind-params-extra", choices=("error", "ignore"), default=None,
+                        help="with --bind-params: keys that name no argument are an error "
+                             "(default) or are ignored ('ignore': a full state dict, whose "
+                             "unused entries jax.export dropped)")
     parser.add_argument("--bind-func", default=None, metavar="NAME",
                         help="with --bind-params: the function whose arguments it binds "
                              "(default: main)")
@@ -194,6 +198,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "untouched")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no summary line on stderr")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="the whole of a long error (every parameter that does not bind, "
+                             "every argument's names), not its first lines")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
@@ -300,7 +307,10 @@ def _run(args: argparse.Namespace, name: str) -> int:
     _refuse_binary_to_terminal(args)
     outputs = _outputs(args)
     outputs.check()  # a directory or a clash is an error before any work
-    bound = _load_params(args.bind_params) if args.bind_params else None
+    params = _load_params(args.bind_params) if args.bind_params else None
+    bound: Bindings | None = params
+    if params is not None and args.bind_params_extra == "ignore":
+        bound = _ignoring_extra_keys(params, args)
     start = time.perf_counter()
     report = Report()
     out: bytes | Callable[[BinaryIO], None]
@@ -466,6 +476,7 @@ _DEPENDENT: tuple[tuple[str, str, str, Callable[[argparse.Namespace], bool]], ..
     ("--report-format", "report_format", "--report", lambda a: bool(a.report)),
     ("--visualize-port", "visualize_port", "--visualize", lambda a: bool(a.visualize)),
     ("--bind-func", "bind_func", "--bind-params", lambda a: bool(a.bind_params)),
+    ("--bind-params-extra", "bind_params_extra", "--bind-params", lambda a: bool(a.bind_params)),
     ("--mlir-print-debuginfo", "print_debuginfo", "--emit mlir (bytecode and portable "
      "artifacts always keep locations)", lambda a: a.emit == "mlir"),
     ("--mlir-print-op-generic", "print_generic", "--emit mlir (it is a text form)",
@@ -491,7 +502,7 @@ def _check_dependent_flags(args: argparse.Namespace) -> None:
 
 
 def _process(args: argparse.Namespace, options: FoldOptions, name: str,
-             bound: dict[str | int, Any] | None,
+             bound: Bindings | None,
              report: Report, *, data: bytes | None = None,
              path: str | None = None) -> Folded | None:
     """Parses, binds and folds one module; prints errors and returns None on failure."""
@@ -503,6 +514,9 @@ def _process(args: argparse.Namespace, options: FoldOptions, name: str,
                              graph_nodes=bool(args.report_overlay))
     except BnfoldError as e:
         print(_error_line(e), file=sys.stderr)
+        details = getattr(e, "details", None)  # a long error's whole text (binding.BindError)
+        if details and args.verbose:
+            print(details, file=sys.stderr)
         return None
     report.merge(folded.report)
     if _retained is not None:
@@ -544,6 +558,25 @@ def _load_params(path: str) -> dict[str | int, Any]:
             raise
         raise BnfoldError(f"cannot read parameters '{path}': {getattr(e, 'strerror', None) or e}"
                           ) from None
+
+
+def _ignoring_extra_keys(bound: dict[str | int, Any], args: argparse.Namespace
+                         ) -> Callable[[Any], dict[str | int, Any]]:
+    """--bind-params-extra ignore: the keys that name an argument of the parsed module (a
+    full state dict's other entries are left out, and the summary says how many)."""
+
+    def known(module: Any) -> dict[str | int, Any]:
+        from bnfold.binding import unknown_keys
+
+        unknown = unknown_keys(module, list(bound), function=args.bind_func)
+        if unknown and not args.quiet:
+            shown = ", ".join(f"'{k}'" for k in unknown[:8]) + \
+                (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+            print(f"{PROG}: --bind-params: ignored {len(unknown)} key(s) that name no argument "
+                  f"of @{args.bind_func} (--bind-params-extra ignore): {shown}", file=sys.stderr)
+        return {k: v for k, v in bound.items() if k not in unknown}
+
+    return known
 
 
 def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:
