@@ -232,3 +232,91 @@ def test_a_misspelled_flag_gets_the_nearest_one_in_one_line():
     assert "unknown option --xyzzy" in far and "did you mean" not in far
     extra = run(CONV_BN, "second.mlir").stderr.decode()
     assert "unexpected argument(s) 'second.mlir' (bnfold-opt takes one INPUT)" in extra
+
+
+def _two_layers(first_trained: bool) -> str:
+    """conv -> batch norm -> relu -> conv -> batch norm (decomposed, as Flax spells it);
+    the first batch norm's statistics are their initial values unless `first_trained`."""
+    import jax
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    k1 = rng.normal(0, .3, (3, 3, 3, 8)).astype(np.float32)
+    k2 = rng.normal(0, .3, (1, 1, 8, 4)).astype(np.float32)
+
+    def stats(c, trained):
+        if not trained:
+            return [np.zeros(c, np.float32), np.ones(c, np.float32), np.ones(c, np.float32),
+                    np.zeros(c, np.float32)]
+        return [rng.normal(0, .5, c).astype(np.float32), rng.uniform(.5, 2, c).astype(np.float32),
+                rng.uniform(.5, 1.5, c).astype(np.float32), rng.normal(0, .3, c).astype(np.float32)]
+
+    s1, s2 = stats(8, first_trained), stats(4, True)
+
+    def bn(y, s):
+        mean, var, gamma, beta = s
+        return (y - mean) * jax.lax.rsqrt(jax.numpy.asarray(var) + 1e-5) * gamma + beta
+
+    def f(x):
+        conv = lambda v, k: jax.lax.conv_general_dilated(  # noqa: E731
+            v, k, (1, 1), "SAME", dimension_numbers=("NHWC", "HWIO", "NHWC"))
+        return bn(conv(jax.nn.relu(bn(conv(x, k1), s1)), k2), s2)
+
+    return jax.jit(f).lower(np.ones((1, 8, 8, 3), np.float32)).as_text()
+
+
+def test_untrained_statistics_are_a_warning_in_the_report(tmp_path):
+    """Issue 32 item 9: quantization built on statistics that describe no data made models
+    worse, and nothing said so."""
+    module = tmp_path / "m.mlir"
+    module.write_text(_two_layers(first_trained=False))
+    flags = ["-o", tmp_path / "o.mlir", "--equalize", "--quantize-weights", "int8",
+             "--bias-correction"]
+    proc = run(module, *flags, "--report", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    [warning] = report["warnings"]
+    assert warning["code"] == "untrained-statistics" and warning["fold"] == "fold0"
+    assert "mean 0, variance 1, gamma 1, beta 0 in every channel" in warning["message"]
+    assert "statistics" in report["statistics_note"]
+    assert "1 batch norm(s) with untrained statistics" in proc.stderr.decode()
+    text = run("-q", module, *flags, "--report", "-", "--report-format", "text",
+               "-o", tmp_path / "o2.mlir").stdout.decode()
+    assert re.search(r"^fold0\s+untrained-statistics\s+the batch norm's statistics are their "
+                     r"initial values", text, re.MULTILINE), text
+    assert "note: equalization ranges, high-bias absorption and bias correction take" in text
+    # Without quantization the JSON still has the warning (the summary stays as it was).
+    plain = run(module, "-o", tmp_path / "o3.mlir", "--report", tmp_path / "p.json")
+    assert json.loads((tmp_path / "p.json").read_text())["warnings"] == [warning]
+    assert "untrained statistics" not in plain.stderr.decode()
+
+
+def test_trained_statistics_are_not_a_warning(tmp_path):
+    module = tmp_path / "m.mlir"
+    module.write_text(_two_layers(first_trained=True))
+    proc = run(module, "-o", tmp_path / "o.mlir", "--equalize", "--report", tmp_path / "r.json")
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert len(report["folds"]) == 2 and report["warnings"] == []
+    assert "untrained statistics" not in proc.stderr.decode()
+
+
+def test_untrained_running_statistics_with_trained_gamma_are_a_warning_too():
+    """Running mean 0 and variance 1 exactly: never updated from data, whatever gamma and
+    beta learned; the other statistics, or one channel off, are not a warning."""
+    import numpy as np
+
+    from bnfold.report import Fold, untrained
+
+    def fold(**params):
+        return Fold("fold0", "p", "stablehlo.convolution", "n", "stablehlo.batch_norm_inference",
+                    "batch_norm_inference", "backward", 2, [], "main",
+                    params={k: np.asarray(v, np.float64) for k, v in params.items()})
+
+    fresh = dict(mean=[0, 0], variance=[1, 1], gamma=[1, 1], beta=[0, 0], epsilon=1e-5)
+    assert "gamma 1, beta 0" in untrained(fold(**fresh))["message"]
+    running = untrained(fold(**fresh | {"gamma": [0.5, 2.0]}))
+    assert "running mean 0 and variance 1 in every channel" in running["message"]
+    assert untrained(fold(**fresh | {"variance": [1, 1.5]})) is None
+    assert untrained(fold(**fresh | {"mean": [0, 1e-3]})) is None
+    assert untrained(fold(scale=[1, 1], shift=[0, 0])) is None  # no statistics recovered

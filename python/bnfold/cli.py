@@ -35,6 +35,11 @@ patterns (names for --disable):
 passes (for --pass-pipeline; options as name=value in braces):
 {passes}
 
+quantization (--equalize, --absorb-high-bias, --bias-correction) takes the activations' ranges
+and means from the folded batch norms' statistics: statistics that do not describe the data
+(never trained or calibrated) can make the quantized model worse; the report warns about
+statistics that are exactly their initial values (mean 0, variance 1, gamma 1, beta 0).
+
 examples:
   bnfold-opt model.mlir                        print the folded module, summary on stderr
   bnfold-opt model.mlir -o folded.mlirbc --emit bytecode
@@ -257,7 +262,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _options(args: argparse.Namespace) -> FoldOptions:
     # Statistics recovery costs a tenth of a small fold; only --report-params shows them.
-    return options.from_cli(args, statistics=bool(args.report_params))
+    # The report's warnings (untrained statistics) need them too.
+    return options.from_cli(args, statistics=bool(args.report_params or args.report))
 
 
 _stdin: list[bytes] = []  # what was read from stdin, for a reproducer after a crash
