@@ -195,9 +195,10 @@ def _on_a_terminal(args: list[object], *, stdin_tty: bool = False, stdout_tty: b
     return proc.returncode, out if stdout_tty else pipe_out, err
 
 
-def test_no_input_on_a_terminal_says_it_reads_standard_input():
+@pytest.mark.parametrize("flags", [[], ["--split-input-file"]])
+def test_no_input_on_a_terminal_says_it_reads_standard_input(flags):
     """Issue 32: `bnfold-opt` with no argument at a terminal seemed to hang."""
-    status, out, err = _on_a_terminal(["-q"], stdin_tty=True, typed=SMALL.encode())
+    status, out, err = _on_a_terminal(["-q", *flags], stdin_tty=True, typed=SMALL.encode())
     assert status == 0, err
     assert err.decode().startswith("bnfold-opt: reading the module from standard input "
                                    "(end it with Ctrl+D"), err

@@ -271,6 +271,7 @@ _stdin: list[bytes] = []  # what was read from stdin, for a reproducer after a c
 
 def _read(path: str) -> bytes:
     if path == "-":
+        _say_stdin_is_read()
         data = sys.stdin.buffer.read()
         _stdin[:] = [data]
         return data
@@ -335,7 +336,6 @@ def _run(args: argparse.Namespace, name: str) -> int:
             return 1
     else:
         if args.input == "-":
-            _say_stdin_is_read()
             module = _process(args, options, name, bound, report, data=_read("-"))
         else:
             if not os.path.exists(args.input) or os.path.isdir(args.input):

@@ -170,8 +170,9 @@ def save_params(path: Any, exported: Any, params: Any, *,
     leaf order: the leaves jax.export dropped because the function never reads them
     (Equinox's boolean state, torch's `num_batches_tracked`) are left out, where a
     positional `numpy.savez(path, *leaves)` would shift every later one. `path` is a
-    file name or a binary file object. Returns the keys written; raises `BnfoldError`
-    like `fold_exported` when the pytree does not match the export.
+    file name (numpy adds `.npz` to a name without it) or a binary file object.
+    Returns the keys written; raises `BnfoldError` like `fold_exported` when the
+    pytree does not match the export.
     """
     from bnfold import ir as bir
     from bnfold.binding import argument_names

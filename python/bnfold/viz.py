@@ -167,7 +167,10 @@ def stdout_to_stderr() -> Iterator[None]:
         if stream is not None:
             with contextlib.suppress(OSError, ValueError):
                 stream.flush()
-    saved = os.dup(1)
+    try:
+        saved: int | None = os.dup(1)
+    except OSError:  # stdout was closed: nothing to restore
+        saved = None
     os.dup2(2, 1)
     try:
         yield
@@ -176,8 +179,11 @@ def stdout_to_stderr() -> Iterator[None]:
             if stream is not None:
                 with contextlib.suppress(OSError, ValueError):
                     stream.flush()  # what the block printed goes where it was meant to
-        os.dup2(saved, 1)
-        os.close(saved)
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+        else:
+            os.close(1)
 
 
 def check_installed() -> None:
