@@ -56,7 +56,7 @@ def _clip(text: str) -> str:
     return text if len(text) <= _LINE else text[:_LINE - 30] + f" ... ({len(text)} chars)"
 
 
-def _listed(items: list[str], budget: int = 160) -> str:
+def short_list(items: list[str], budget: int = 160) -> str:
     """As many of `items` as fit in about `budget` characters (at least one), and how many
     more there are."""
     shown: list[str] = []
@@ -215,16 +215,16 @@ def _bind_error(misses: list[str], problems: list[str], names: list[set[str]], f
     if misses:
         verb = "names" if len(misses) == 1 else "name"
         lines.append(f"{len(misses)} key(s) {verb} no argument of @{function}: "
-                     f"{_listed(misses)}")
-        lines.append(f"its {len(names)} argument(s) answer to: {_listed(aliases)}")
+                     f"{short_list(misses)}")
+        lines.append(f"its {len(names)} argument(s) answer to: {short_list(aliases)}")
         full.append(f"{', '.join(misses)} {verb} no argument of @{function}; its "
                     f"{len(names)} arguments answer to: {_describe(names)}")
     lines += problems[:_SHOWN]
     full += problems
     clipped = [_clip(line) for line in lines]
     hidden = len(problems) > _SHOWN or clipped != lines or \
-        (bool(misses) and (_listed(misses) != ", ".join(misses) or
-                           _listed(aliases) != ", ".join(aliases)))
+        (bool(misses) and (short_list(misses) != ", ".join(misses) or
+                           short_list(aliases) != ", ".join(aliases)))
     if len(problems) > _SHOWN:
         clipped.append(f"... and {len(problems) - _SHOWN} more mismatch(es)")
     if misses and all(_POSITIONAL.match(m) for m in misses):

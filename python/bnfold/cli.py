@@ -475,9 +475,8 @@ def _print_options(args: argparse.Namespace) -> dict[str, Any]:
             "elide_larger": args.elide_larger}
 
 
-# Flags that only mean something with another one: (flag, its dest, what it needs, is
-# that given?). A flag that cannot take effect is an error naming what
-# it needs, never a silent no-op.
+# Flags that only mean something with another one: (flag, its dest, what it needs, is that
+# given?). A flag that cannot take effect is an error naming what it needs, never a no-op.
 _DEPENDENT: tuple[tuple[str, str, str, Callable[[argparse.Namespace], bool]], ...] = (
     ("--report-format", "report_format", "--report", lambda a: bool(a.report)),
     ("--visualize-port", "visualize_port", "--visualize", lambda a: bool(a.visualize)),
@@ -569,15 +568,14 @@ def _load_params(path: str) -> dict[str | int, Any]:
 def _ignoring_extra_keys(bound: dict[str | int, Any], args: argparse.Namespace
                          ) -> Callable[[Any], dict[str | int, Any]]:
     """--bind-params-extra ignore: the keys that name an argument of the parsed module (a
-    full state dict's other entries are left out, and the summary says how many)."""
+    full state dict's other entries are left out, and a line on stderr says which)."""
 
     def known(module: Any) -> dict[str | int, Any]:
-        from bnfold.binding import unknown_keys
+        from bnfold.binding import short_list, unknown_keys
 
         unknown = unknown_keys(module, list(bound), function=args.bind_func)
         if unknown and not args.quiet:
-            shown = ", ".join(f"'{k}'" for k in unknown[:8]) + \
-                (f" and {len(unknown) - 8} more" if len(unknown) > 8 else "")
+            shown = short_list([f"'{k}'" for k in unknown])
             print(f"{PROG}: --bind-params: ignored {len(unknown)} key(s) that name no argument "
                   f"of @{args.bind_func} (--bind-params-extra ignore): {shown}", file=sys.stderr)
         return {k: v for k, v in bound.items() if k not in unknown}
