@@ -47,7 +47,8 @@ examples:
   bnfold-opt model.mlir --report report.json --report-params stats.npz
   bnfold-opt model.mlir -o folded.mlir --report-overlay folds.json   (Model Explorer node data)
   bnfold-opt model.mlir -o folded.mlir --visualize     (both graphs in Model Explorer; bnfold[viz])
-  bnfold-opt model.mlir --bind-params params.npz          (fold parameters passed as arguments)
+  bnfold-opt model.mlir --bind-params params.npz          (fold parameters passed as arguments;
+                             write the file with bnfold.jax_export.save_params(path, exported, params))
   bnfold-opt model.mlir -o eq.mlir --equalize --report-params scales.npz  (for int8 weights)
   bnfold-opt model.mlir -o q.mlir --equalize --quantize-weights int8 --bias-correction
   bnfold-opt model.mlir --disable forward-affine --skip-func encoder
