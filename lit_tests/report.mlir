@@ -211,7 +211,8 @@ func.func @skip_intermediate_has_second_user(%x: tensor<1x3x3x2xf32>) -> (tensor
   // REPORT-NEXT: }
   // REPORT-NEXT: ],
   // REPORT-NEXT: "expanded": 0,
-  // REPORT-NEXT: "inlined": []
+  // REPORT-NEXT: "inlined": [],
+  // REPORT-NEXT: "warnings": []
   // REPORT-NEXT: }
   %t = stablehlo.constant dense<[0.5, -1.0]> : tensor<2xf32>
   %t_b = stablehlo.broadcast_in_dim %t, dims = [3] : (tensor<2xf32>) -> tensor<1x3x3x2xf32>

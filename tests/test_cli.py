@@ -800,7 +800,7 @@ def test_the_summary_hint_says_which_argument_blocks_the_fold(cli):
 @pytest.mark.parametrize("argv, flags", [
     # Issue 31 item 10: every '-' was dropped ('-o - --equalize' printed as '-o --equalize').
     (["-", "-o", "-", "--equalize"], ["-o", "-", "--equalize"]),
-    (["-o", "-", "-", "--report-format", "text"], ["-o", "-", "--report-format", "text"]),
+    (["-o", "-", "-", "-q"], ["-o", "-", "-q"]),
     (["-o", "-", "--equalize"], ["-o", "-", "--equalize"]),  # stdin by default
     (["--output=-", "-", "--disable", "forward-affine"], ["--output=-", "--disable",
                                                           "forward-affine"]),

@@ -436,3 +436,120 @@ def test_cli_folds_a_shape_polymorphic_serialized_exported(tmp_path):
     for batch in (x, np.concatenate([x, x, x])):
         support.numerics.check_close([np.asarray(folded.call(batch))],
                                      [np.asarray(exported.call(params, batch))], "f32")
+
+
+# --- save_params: the --bind-params file from an Exported (issue 32 item 4) ----------------
+
+
+def _with_unused_leaves(params, x):
+    """conv_bn_nhwc; `params` also holds leaves the function never reads (jax.export drops
+    them: Equinox's boolean state, torch's num_batches_tracked)."""
+    return conv_bn_nhwc(params, x)
+
+
+def _state_with_unused_leaves(rng):
+    # "a_count" and "bn/num_batches_tracked" sort before used leaves: a positional file
+    # (argN or arr_N by leaf order) is shifted by them.
+    return {"a_count": np.int32(7), "conv": rng.normal(0, .3, (3, 3, 3, 4)).astype(np.float32),
+            "bn": {**_bn_params(rng, 4), "num_batches_tracked": np.int64(100)}}
+
+
+def _cli(capsys, *args):
+    from bnfold.cli import main
+
+    capsys.readouterr()
+    status = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_save_params_writes_names_without_the_leaves_jax_dropped(tmp_path, capsys):
+    rng = np.random.default_rng(3)
+    params = _state_with_unused_leaves(rng)
+    x = rng.normal(size=(1, 6, 6, 3)).astype(np.float32)
+    exported = jax.export.export(jax.jit(_with_unused_leaves))(params, x)
+    assert len(exported.module_kept_var_idx) < len(exported.in_avals)  # leaves were dropped
+    from bnfold.jax_export import save_params
+
+    keys = save_params(tmp_path / "params.npz", exported, params)
+    assert sorted(keys) == sorted(["params['conv']"] + [f"params['bn']['{k}']" for k in
+                                                        ("gamma", "beta", "mean", "var")])
+    with np.load(tmp_path / "params.npz") as npz:
+        assert sorted(npz.files) == sorted(keys)
+        np.testing.assert_array_equal(npz["params['bn']['mean']"], params["bn"]["mean"])
+    model = tmp_path / "model.mlir"
+    model.write_text(exported.mlir_module())
+    status, out, err = _cli(capsys, model, "--bind-params", tmp_path / "params.npz")
+    assert status == 0 and "folded 1 normalization(s)" in err, err
+    # Each argument was bound to its own leaf: the folded module computes the original.
+    assert "stablehlo.convolution" in out and "rsqrt" not in out
+    got = support.numerics.run_xla(out, [x])
+    support.numerics.check_close([np.asarray(got[0])], [np.asarray(exported.call(params, x))],
+                                 "f32")
+
+
+def test_save_params_refuses_a_pytree_that_does_not_match(tmp_path):
+    rng = np.random.default_rng(3)
+    params = _state_with_unused_leaves(rng)
+    exported = jax.export.export(jax.jit(_with_unused_leaves))(
+        params, np.ones((1, 6, 6, 3), np.float32))
+    from bnfold.jax_export import save_params
+
+    wrong = {**params, "conv": np.ones((3, 3, 3, 5), np.float32)}
+    with pytest.raises(bnfold.BnfoldError, match=r"argument 0\['conv'\]: got float32\[3, 3, 3, 5\]"):
+        save_params(tmp_path / "p.npz", exported, wrong)
+    assert not (tmp_path / "p.npz").exists()
+
+
+def _exported_with_unused_leaves(tmp_path):
+    rng = np.random.default_rng(3)
+    params = _state_with_unused_leaves(rng)
+    exported = jax.export.export(jax.jit(_with_unused_leaves))(
+        params, np.ones((1, 6, 6, 3), np.float32))
+    model = tmp_path / "model.mlir"
+    model.write_text(exported.mlir_module())
+    return params, model
+
+
+def test_a_full_state_dict_binds_with_bind_params_extra_ignore(tmp_path, capsys):
+    params, model = _exported_with_unused_leaves(tmp_path)
+    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+    state = {f"params{jax.tree_util.keystr(p)}": np.asarray(v) for p, v in leaves}
+    np.savez(tmp_path / "state.npz", **state)  # every leaf, the two unused ones too
+    status, out, err = _cli(capsys, model, "--bind-params", tmp_path / "state.npz")
+    assert status == 1 and out == ""
+    assert "2 key(s) name no argument of @main: 'params['a_count']', " in err
+    assert "bnfold-opt --bind-params-extra ignore" in err and len(err.splitlines()) <= 6, err
+    status, out, err = _cli(capsys, model, "--bind-params", tmp_path / "state.npz",
+                            "--bind-params-extra", "ignore")
+    assert status == 0 and "folded 1 normalization(s)" in err, err
+    assert "ignored 2 key(s) that name no argument of @main (--bind-params-extra ignore): " \
+           "'params['a_count']', 'params['bn']['num_batches_tracked']'" in err
+
+
+def test_positional_savez_keys_point_to_save_params(tmp_path, capsys):
+    params, model = _exported_with_unused_leaves(tmp_path)
+    np.savez(tmp_path / "p.npz", *jax.tree_util.tree_leaves(params))
+    status, _, err = _cli(capsys, model, "--bind-params", tmp_path / "p.npz")
+    assert status == 1
+    assert "are numpy.savez(path, *arrays)'s keys" in err
+    assert "bnfold.jax_export.save_params(path, exported, params)" in err
+
+
+def test_a_long_binding_error_is_a_few_lines_and_all_of_it_with_v(tmp_path, capsys):
+    """Issue 32: one error line was 4.5 KB."""
+    _, model = _exported_with_unused_leaves(tmp_path)
+    names = {f"params['encoder']['layer_{i}']['batch_norm']['running_variance']": np.ones(1)
+             for i in range(60)}
+    names["params['conv']"] = np.ones((2, 2), np.float32)  # and mismatches
+    names["params['bn']['mean']"] = np.ones(5, np.float32)
+    np.savez(tmp_path / "p.npz", **names)
+    status, _, err = _cli(capsys, model, "--bind-params", tmp_path / "p.npz")
+    lines = err.splitlines()
+    assert status == 1 and len(lines) <= 8 and max(map(len, lines)) <= 260, err
+    assert "60 key(s) name no argument" in err and "and 58 more" in err
+    assert "'params['conv']' is float32[2, 2] but argument" in err
+    assert "bnfold-opt -v" in err
+    status, _, verbose = _cli(capsys, model, "--bind-params", tmp_path / "p.npz", "-v")
+    assert status == 1 and verbose.startswith(err)
+    assert all(name in verbose for name in names)

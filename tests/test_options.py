@@ -136,7 +136,7 @@ def test_two_inlined_copies_of_one_helper_are_labelled_with_their_own_fold(tmp_p
     assert main([str(src), "-o", str(out), "--report-overlay", str(overlay), "-q"]) == 0
     after = json.loads((tmp_path / "nodes.output.json").read_text())["main"]["results"]
     values = sorted(entry["value"] for entry in after.values())
-    assert values == ["absorbed fold0", "absorbed fold1"], after
+    assert values == ["ABSORBED fold0", "ABSORBED fold1"], after
 
 
 @pytest.mark.parametrize("value", ["a}", "{x}", "{0}", "{equalize}", "{}"])

@@ -179,26 +179,52 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_visualize(tmp_path: Path, port: int):
-    """`python -m bnfold model.mlir --visualize` with its own TMPDIR; returns the process
-    and the URL it printed."""
+def _start_visualize(tmp_path: Path, port: int, output: str | None = None):
+    """`python -m bnfold model.mlir --visualize` with its own TMPDIR (output `-o o.mlir`, or
+    `output`); returns the process and the URL it printed (on stderr: stdout is the
+    module's stream). Lines before the URL are kept in the process's `banner` attribute."""
     import os
+    import queue
     import subprocess
     import sys
+    import threading
 
     src = tmp_path / "model.mlir"
     src.write_text(MODULE)
     temp = tmp_path / "tmp"
     temp.mkdir()
-    server = subprocess.Popen([sys.executable, "-m", "bnfold", str(src), "-o", str(tmp_path / "o.mlir"),
+    server = subprocess.Popen([sys.executable, "-m", "bnfold", str(src), "-o",
+                               output or str(tmp_path / "o.mlir"),
                                "--visualize", "--visualize-port", str(port)],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=os.environ | {"TMPDIR": str(temp)})
-    assert server.stdout is not None
-    url = next((line.strip() for line in server.stdout if line.startswith("http://")), None)
-    if url is None:
-        server.kill()
-        pytest.fail(server.communicate(timeout=30)[1])
+    assert server.stderr is not None
+    stderr = server.stderr
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:  # until the URL (a reader thread: a missing URL must not hang)
+        for line in stderr:
+            lines.put(line)
+            if line.startswith("http://"):
+                return
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    server.banner = []  # type: ignore[attr-defined]
+    url = None
+    while url is None:
+        try:
+            line = lines.get(timeout=120)
+        except queue.Empty:
+            line = None
+        if line is None:
+            server.kill()
+            out, _ = server.communicate(timeout=30)
+            pytest.fail(f"no URL on stderr; stderr: {''.join(server.banner)!r}; "  # type: ignore[attr-defined]
+                        f"stdout: {out[:2000]!r}")
+        server.banner.append(line)  # type: ignore[attr-defined]
+        if line.startswith("http://"):
+            url = line.strip()
     return server, url, temp
 
 
@@ -225,6 +251,29 @@ def test_visualize_serves_the_input_and_the_folded_module(tmp_path: Path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_visualize_leaves_only_the_module_on_stdout(tmp_path: Path):
+    """`bnfold-opt model.mlir --visualize > folded.mlir`: Model Explorer's banner and URL go
+    to stderr, so the module's stream parses back as the folded module (issue 32: it read
+    "custom op 'Loading' is unknown")."""
+    pytest.importorskip("model_explorer")
+    import signal
+
+    server, url, temp = _start_visualize(tmp_path, _free_port(), output="-")
+    try:
+        server.send_signal(signal.SIGINT)
+        out, err = server.communicate(timeout=60)
+    finally:
+        server.kill()
+    banner = "".join(server.banner) + err  # type: ignore[attr-defined]
+    assert "Model Explorer stopped" in banner and "Traceback" not in banner
+    assert "Loading" in banner  # the banner went somewhere: to stderr
+    expected, _ = bnfold.fold_text(MODULE)
+    assert out == expected, out[:500]
+    context, module = support.parse(out)  # the stream is one module, nothing else
+    with context:
+        assert "stablehlo.convolution" in str(module)
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])

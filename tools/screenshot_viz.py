@@ -26,6 +26,7 @@ import argparse
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -62,7 +63,7 @@ def capture(module: Path, png: Path, *, port: int = 8124, wait: float = 15.0,
         server = subprocess.Popen(
             [sys.executable, "-m", "bnfold", str(module), "-o", f"{tmp}/folded.mlir",
              "--visualize", "--visualize-port", str(port)],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # the URL is on stderr
         try:
             url = _url(server)
             with sync_playwright() as p:
@@ -141,9 +142,13 @@ _COUNT_JS = """async ({png, colours}) => {
 
 
 def _url(server: subprocess.Popen[str]) -> str:
-    assert server.stdout is not None
-    for line in server.stdout:
+    assert server.stderr is not None
+    stderr = server.stderr
+    for line in stderr:
         if line.startswith("http://"):
+            # Keep draining (the server's request log) so a full pipe never blocks it.
+            threading.Thread(target=lambda: [sys.stderr.write(rest) for rest in stderr],
+                             daemon=True).start()
             return line.strip()
     raise SystemExit(f"bnfold-opt --visualize exited ({server.wait()}) without a URL")
 

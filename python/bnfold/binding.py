@@ -11,10 +11,13 @@ nothing folds. Binding replaces chosen arguments of a function by
 
 Arguments are named by `argN`, by their `jax.arg_info` attribute, or by their
 location name (jax.export writes `loc("params['b']")`).
+`bnfold.jax_export.save_params` writes such a file from an `Exported` and its
+parameter pytree, by name, without the leaves jax.export dropped.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,6 +39,42 @@ from bnfold.graph import (
     symbol_table_of,
 )
 from bnfold.ir import ir, location_name, stablehlo
+
+
+class BindError(BnfoldError):
+    """Parameters that do not bind: a short message (a few lines, each of a bounded
+    length) and, in `details`, every problem and every argument's names (`bnfold-opt -v`)."""
+
+    def __init__(self, message: str, details: str, *, location: str | None = None) -> None:
+        self.details = details
+        super().__init__(message, location=location)
+
+
+_SHOWN = 3  # problems (and missing keys) in the short message; the rest is in `details`
+_LINE = 240  # characters of one line of the short message
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= _LINE else text[:_LINE - 30] + f" ... ({len(text)} chars)"
+
+
+def short_list(items: list[str], budget: int = 160) -> str:
+    """As many of `items` as fit in about `budget` characters (at least one), and how many
+    more there are."""
+    shown: list[str] = []
+    for item in items:
+        if shown and sum(len(s) + 2 for s in shown) + len(item) > budget:
+            break
+        shown.append(item)
+    more = len(items) - len(shown)
+    return ", ".join(shown) + (f" and {more} more" if more else "")
+
+
+def unknown_keys(module: ir.Module, keys: list[str | int], *,
+                 function: str = "main") -> list[str | int]:
+    """The keys that name no argument of `@function` (for `--bind-params-extra ignore`)."""
+    names = argument_names(find_function(module, function))
+    return [key for key in keys if resolve(key, names) is None]
 
 
 def find_function(module: ir.Module, name: str) -> ir.Operation:
@@ -132,13 +171,8 @@ def bind_arguments(module: ir.Module, values: Mapping[str | int, Any], *,
             continue
         chosen[index] = array
         keys[index] = key
-    if misses:
-        problems.insert(0, f"{', '.join(misses)} name{'s' if len(misses) == 1 else ''} no "
-                           f"argument of @{function}; its {len(names)} arguments answer to: "
-                           f"{_describe(names)}")
-    if problems:
-        raise BnfoldError("cannot bind parameters:\n  " + "\n  ".join(problems),
-                          location=source_name)
+    if misses or problems:
+        raise _bind_error(misses, problems, names, function, source_name)
     if names_out is not None:
         _parameter_names(func, keys, names, names_out)
     _replace_arguments(func, chosen, keep_signature=is_private(func))
@@ -197,6 +231,42 @@ def propagate_constants(module: ir.Module, func: ir.Operation, _depth: int = 0) 
         if changed:
             propagate_constants(module, callee, _depth + 1)
 
+
+
+_POSITIONAL = re.compile(r"^'arr_\d+'$")
+
+
+def _bind_error(misses: list[str], problems: list[str], names: list[set[str]], function: str,
+                source_name: str | None) -> BindError:
+    """A few lines (the first problems, each clipped), and every one of them in details."""
+    lines, full = [], []
+    aliases = ["/".join(sorted(a, key=len)) for a in names]
+    if misses:
+        verb = "names" if len(misses) == 1 else "name"
+        lines.append(f"{len(misses)} key(s) {verb} no argument of @{function}: "
+                     f"{short_list(misses)}")
+        lines.append(f"its {len(names)} argument(s) answer to: {short_list(aliases)}")
+        full.append(f"{', '.join(misses)} {verb} no argument of @{function}; its "
+                    f"{len(names)} arguments answer to: {_describe(names)}")
+    lines += problems[:_SHOWN]
+    full += problems
+    clipped = [_clip(line) for line in lines]
+    hidden = len(problems) > _SHOWN or clipped != lines or \
+        (bool(misses) and (short_list(misses) != ", ".join(misses) or
+                           short_list(aliases) != ", ".join(aliases)))
+    if len(problems) > _SHOWN:
+        clipped.append(f"... and {len(problems) - _SHOWN} more mismatch(es)")
+    if misses and all(_POSITIONAL.match(m) for m in misses):
+        clipped.append("arr_0, arr_1, ... are numpy.savez(path, *arrays)'s keys: positions "
+                       "that jax.export's dropped (unused) leaves misalign; write names with "
+                       "bnfold.jax_export.save_params(path, exported, params)")
+    elif misses:
+        clipped.append("to skip keys that name no argument (a full state dict): "
+                       "bnfold-opt --bind-params-extra ignore")
+    if hidden:
+        clipped.append("(bnfold-opt -v, or the error's `details`, lists them all)")
+    return BindError("cannot bind parameters:\n  " + "\n  ".join(clipped),
+                     "\n".join(full), location=source_name)
 
 
 def resolve(key: str | int, names: list[set[str]]) -> int | None:

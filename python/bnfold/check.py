@@ -40,6 +40,7 @@ from bnfold.binding import argument_names, resolve
 from bnfold.errors import BnfoldError
 from bnfold.graph import lookup_function
 from bnfold.ir import ir, make_context, parse, run_pipeline, serialize, xla_cpu_run
+from bnfold.pipeline import Bindings
 
 __all__ = ["TOLERANCE", "DEFAULT_DIM", "Check", "check", "parse_dims"]
 
@@ -141,21 +142,25 @@ def parse_dims(items: Sequence[str]) -> dict[str, int]:
 
 
 def check(original: str | bytes | ir.Module, output: str | bytes | ir.Module, *,
-          bindings: Mapping[str | int, Any] | None = None, dims: Mapping[str, int] | None = None,
+          bindings: Bindings | None = None, dims: Mapping[str, int] | None = None,
           tolerance: float | None = None, seed: int = 0, name: str = "<input>") -> Check:
     """Runs `original` and `output` (text, bytecode, a portable artifact or a parsed
     module) on XLA CPU with the same seeded inputs and compares them.
 
     Both run from `@main`. `bindings` are the values of `@main`'s arguments the
     output no longer takes (as given to `fold_source` / `--bind-params`: by `argN`
-    or name). `seed` seeds the inputs. `dims` sizes symbolic
-    dimensions by name (default `DEFAULT_DIM`). `tolerance` replaces the per-type
+    or name; or a function of the parsed original that returns them). `seed`
+    seeds the inputs. `dims` sizes symbolic dimensions by name (default
+    `DEFAULT_DIM`). `tolerance` replaces the per-type
     table. Raises `BnfoldError` when the modules cannot be run or do not take
     matching arguments.
     """
     dims = dict(dims or {})
     source = _Module(original, "the original", name)
     result = _Module(output, "the output", name)
+    if callable(bindings):  # a function of the parsed module (--bind-params-extra ignore)
+        with source.context:
+            bindings = bindings(source.module)
     bound = source.resolve(bindings or {})
     kept = [i for i in range(len(source.arg_types)) if i not in bound]
     if len(result.arg_types) != len(kept):

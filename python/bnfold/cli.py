@@ -1,7 +1,8 @@
 """bnfold-opt: fold batch normalization in StableHLO files, opt-style.
 
 Exit status: 0 on success (whether or not anything folded), 1 on bad input,
-bad options or an internal error. On failure nothing is written to the
+bad options or an internal error, 2 when nothing folded and --fail-if-nothing-folded
+asked for it (the outputs are written). On failure nothing is written to the
 output file: output goes through a temporary file and a rename.
 """
 
@@ -23,7 +24,7 @@ from bnfold.errors import BnfoldError
 from bnfold.options import OptionError, cli_spelling
 from bnfold.outputs import Outputs
 from bnfold.patterns import PASSES, REGISTRY
-from bnfold.pipeline import Folded, FoldOptions, check_skipped_functions, fold_source
+from bnfold.pipeline import Bindings, Folded, FoldOptions, check_skipped_functions, fold_source
 from bnfold.report import Report
 
 PROG = "bnfold-opt"
@@ -36,6 +37,11 @@ patterns (names for --disable):
 passes (for --pass-pipeline; options as name=value in braces):
 {passes}
 
+quantization (--equalize, --absorb-high-bias, --bias-correction) takes the activations' ranges
+and means from the folded batch norms' statistics: statistics that do not describe the data
+(never trained or calibrated) can make the quantized model worse; the report warns about
+statistics that are exactly their initial values (mean 0, variance 1, gamma 1, beta 0).
+
 examples:
   bnfold-opt model.mlir                        print the folded module, summary on stderr
   bnfold-opt model.mlir -o folded.mlirbc --emit bytecode
@@ -46,7 +52,8 @@ examples:
   bnfold-opt model.mlir --report report.json --report-params stats.npz
   bnfold-opt model.mlir -o folded.mlir --report-overlay folds.json   (Model Explorer node data)
   bnfold-opt model.mlir -o folded.mlir --visualize     (both graphs in Model Explorer; bnfold[viz])
-  bnfold-opt model.mlir --bind-params params.npz          (fold parameters passed as arguments)
+  bnfold-opt model.mlir --bind-params params.npz          (fold parameters passed as arguments;
+                             write the file with bnfold.jax_export.save_params(path, exported, params))
   bnfold-opt model.mlir -o eq.mlir --equalize --report-params scales.npz  (for int8 weights)
   bnfold-opt model.mlir -o q.mlir --equalize --quantize-weights int8 --bias-correction
   bnfold-opt model.mlir --disable forward-affine --skip-func encoder
@@ -55,11 +62,36 @@ examples:
 
 
 class _Parser(argparse.ArgumentParser):
-    """Bad options exit 1 like every other error (argparse's default is 2)."""
+    """Bad options exit 1 like every other error (argparse's default is 2), in one line
+    (not the 15 lines of usage): an unknown flag gets the nearest known one."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        self.print_usage(sys.stderr)
-        self.exit(1, f"{self.prog}: error: {message}\n")
+        self.exit(1, f"{self.prog}: error: {_suggest(self, message)} ({self.prog} --help "
+                     f"lists the options)\n")
+
+
+_UNRECOGNIZED = "unrecognized arguments: "
+
+
+def _suggest(parser: argparse.ArgumentParser, message: str) -> str:
+    """argparse's "unrecognized arguments: --equalise" -> "unknown option --equalise; did
+    you mean --equalize?" (other messages are kept)."""
+    if not message.startswith(_UNRECOGNIZED):
+        return message
+    import difflib
+
+    known = [o for o in parser._option_string_actions if o.startswith("--")]
+    parts, extra = [], []
+    for arg in message[len(_UNRECOGNIZED):].split(" "):
+        if not arg.startswith("-") or arg == "-":
+            extra.append(f"'{arg}'")
+            continue
+        flag = arg.split("=", 1)[0]
+        near = difflib.get_close_matches(flag, known, n=1, cutoff=0.6)
+        parts.append(f"unknown option {flag}" + (f"; did you mean {near[0]}?" if near else ""))
+    if extra:
+        parts.append(f"unexpected argument(s) {', '.join(extra)} ({PROG} takes one INPUT)")
+    return "; ".join(parts)
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -100,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("input", nargs="?", default="-", metavar="INPUT",
                         help="MLIR text, MLIR bytecode, a StableHLO portable artifact or a "
                              "serialized jax.export.Exported (Exported.serialize(); format "
-                             "detected); '-' or omitted reads stdin")
+                             "detected); '-' or omitted reads stdin (at a terminal, it says so)")
     parser.add_argument("-o", "--output", default="-", metavar="OUTPUT",
                         help="where to write the folded module ('-', the default: stdout); "
                              "a file is replaced atomically (a symlink's target, keeping its "
@@ -118,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--report", metavar="FILE.json",
                         help="write the fold report (folds and skipped ops with reasons) as "
                              "JSON; '-' is stdout (then give -o a file)")
-    parser.add_argument("--report-format", choices=("json", "text"), default="json",
-                        help="--report as JSON (default) or a human-readable table")
+    parser.add_argument("--report-format", choices=("json", "text"), default=None,
+                        help="with --report: JSON (default) or a human-readable table")
     parser.add_argument("--report-params", metavar="FILE.npz",
                         help="save each fold's statistics as <fold id>/<name> arrays: scale, "
                              "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference; "
@@ -138,15 +170,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--visualize", action="store_true",
                         help="after writing the outputs, show the input and the folded module "
                              "with the overlay in Model Explorer's local server (needs the "
-                             "'bnfold[viz]' extra); prints the URL, Ctrl+C stops")
-    parser.add_argument("--visualize-port", type=int, default=8080, metavar="PORT",
-                        help="port of the --visualize server on localhost (default: 8080)")
+                             "'bnfold[viz]' extra); prints the URL on stderr (stdout keeps only "
+                             "the module), Ctrl+C stops")
+    parser.add_argument("--visualize-port", type=int, default=None, metavar="PORT",
+                        help="with --visualize: port of the server on localhost (default: 8080)")
     parser.add_argument("--bind-params", metavar="FILE.npz",
                         help="bind function arguments to these arrays before folding; keys are "
                              "argN or argument names (jax.arg_info / loc names); bound arguments "
                              "become constants and leave the signature")
-    parser.add_argument("--bind-func", default="main", metavar="NAME",
-                        help="function whose arguments --bind-params binds (default: main)")
+    parser.add_argument("--bind-params-extra", choices=("error", "ignore"), default=None,
+                        help="with --bind-params: keys that name no argument are an error "
+                             "(default) or are ignored ('ignore': a full state dict, whose "
+                             "unused entries jax.export dropped)")
+    parser.add_argument("--bind-func", default=None, metavar="NAME",
+                        help="with --bind-params: the function whose arguments it binds "
+                             "(default: main)")
     _add_check_arguments(parser)
     parser.add_argument("--pass-pipeline", metavar="PIPELINE",
                         help="run this textual pipeline instead of the default fold, mixing "
@@ -159,13 +197,18 @@ def build_parser() -> argparse.ArgumentParser:
                              "bad chunk is reported with its line, the others are still "
                              "processed (printed to stdout; a file output is written only "
                              "when every chunk succeeded), and the exit status is 1")
+    parser.add_argument("--fail-if-nothing-folded", action="store_true",
+                        help="exit with status 2 when nothing folded (the outputs are still "
+                             "written; for CI scripts)")
     parser.add_argument("--mlir-print-debuginfo", "--print-debuginfo", dest="print_debuginfo",
-                        action="store_true", help="print locations in MLIR text output")
+                        action="store_true", help="print locations in MLIR text output "
+                                                  "(--emit mlir)")
     parser.add_argument("--mlir-print-op-generic", dest="print_generic", action="store_true",
-                        help="print ops in the generic form")
+                        help="print ops in the generic form (--emit mlir)")
     parser.add_argument("--mlir-elide-elementsattrs-if-larger", dest="elide_larger", type=int,
                         metavar="N", help="print constants with more than N elements as "
-                                          "dense_resource<__elided__> (readable, not runnable)")
+                                          "dense_resource<__elided__> (readable, not runnable; "
+                                          "--emit mlir)")
     parser.add_argument("--emit-bytecode", dest="emit", action="store_const", const="bytecode",
                         help="same as --emit bytecode")
     parser.add_argument("--allow-unregistered-dialect", action="store_true",
@@ -173,6 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "untouched")
     parser.add_argument("-q", "--quiet", action="store_true",
                         help="no summary line on stderr")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="the whole of a long error (every parameter that does not bind, "
+                             "every argument's names), not its first lines")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     return parser
 
@@ -229,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _options(args: argparse.Namespace) -> FoldOptions:
     # Statistics recovery costs a tenth of a small fold; only --report-params shows them.
-    return options.from_cli(args, statistics=bool(args.report_params))
+    # The report's warnings (untrained statistics) need them too.
+    return options.from_cli(args, statistics=bool(args.report_params or args.report))
 
 
 _stdin: list[bytes] = []  # what was read from stdin, for a reproducer after a crash
@@ -237,6 +284,7 @@ _stdin: list[bytes] = []  # what was read from stdin, for a reproducer after a c
 
 def _read(path: str) -> bytes:
     if path == "-":
+        _say_stdin_is_read()
         data = sys.stdin.buffer.read()
         _stdin[:] = [data]
         return data
@@ -250,6 +298,7 @@ def _read(path: str) -> bytes:
 def _run(args: argparse.Namespace, name: str) -> int:
     from bnfold import ir as bir
 
+    _check_dependent_flags(args)
     quantizes = False
     if args.pass_pipeline is not None:
         from bnfold import passes
@@ -294,9 +343,13 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if args.report_overlay == "-":
         raise BnfoldError("--report-overlay writes two files (FILE.json and FILE.output.json); "
                           "give it a file name, not '-'")
+    _refuse_binary_to_terminal(args)
     outputs = _outputs(args)
     outputs.check()  # a directory or a clash is an error before any work
-    bound = _load_params(args.bind_params) if args.bind_params else None
+    params = _load_params(args.bind_params) if args.bind_params else None
+    bound: Bindings | None = params
+    if params is not None and args.bind_params_extra == "ignore":
+        bound = _ignoring_extra_keys(params, args)
     start = time.perf_counter()
     report = Report()
     out: bytes | Callable[[BinaryIO], None]
@@ -359,9 +412,14 @@ def _run(args: argparse.Namespace, name: str) -> int:
     if not args.quiet:
         elapsed = time.perf_counter() - start
         print(f"{PROG}: {name}: {report.summary()} in {elapsed:.2f} s", file=sys.stderr)
+    status = 0
+    if args.fail_if_nothing_folded and not report.folds:
+        print(f"{PROG}: {name}: nothing folded; exit status 2 (--fail-if-nothing-folded)",
+              file=sys.stderr)
+        status = 2
     if args.visualize:
-        _visualize(args, options)
-    return 0
+        _visualize(args, options, status)
+    return status
 
 
 def _check_skipped(args: argparse.Namespace, fold_options: FoldOptions,
@@ -424,7 +482,7 @@ def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
                              f"b=4, or argK.D); default {DEFAULT_DIM}; repeatable")
 
 
-def _check(args: argparse.Namespace, name: str, bound: dict[str | int, Any] | None,
+def _check(args: argparse.Namespace, name: str, bound: Bindings | None,
            module: Folded, folded_exported: tuple[Any, Folded] | None,
            data: bytes | None) -> bool:
     """--check: the original and the output on XLA CPU; prints the verdict."""
@@ -450,31 +508,60 @@ def _check(args: argparse.Namespace, name: str, bound: dict[str | int, Any] | No
     return result.passed
 
 
-def _visualize(args: argparse.Namespace, options: FoldOptions) -> None:
+def _say_stdin_is_read() -> None:
+    """Without an input argument at a terminal, bnfold-opt seems to hang: say why."""
+    if _isatty(sys.stdin):
+        print(f"{PROG}: reading the module from standard input (end it with Ctrl+D; "
+              f"'{PROG} --help' for usage)", file=sys.stderr)
+        sys.stderr.flush()
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return stream is not None and stream.isatty()
+    except (OSError, ValueError):
+        return False
+
+
+def _refuse_binary_to_terminal(args: argparse.Namespace) -> None:
+    """Bytecode, a portable artifact or an .npz on a terminal is noise (and can upset it)."""
+    binary = [("-o", args.output, f"--emit {args.emit}" if args.emit != "mlir" else None),
+              ("--report-params", args.report_params, ".npz")]
+    for flag, path, what in binary:
+        if what and path in ("-", "/dev/stdout") and _isatty(sys.stdout):
+            raise BnfoldError(f"refusing to write binary output ({what}) to a terminal: "
+                              f"give {flag} a file name, or redirect stdout")
+
+
+def _visualize(args: argparse.Namespace, options: FoldOptions, status: int = 0) -> None:
     """Serves both modules until Ctrl+C or SIGTERM; the temporary copies go either way
     (the outputs are written by now: an interrupt here is how the server stops)."""
     from bnfold import viz
 
-    try:
-        with viz.session(args.input, options=options) as view:
-            print(f"{PROG}: Model Explorer: the input (left) and the folded module (right, "
-                  f"its functions named NAME{viz.FOLDED_SUFFIX}) side by side in "
-                  f"{view.both.name}, node data 'bnfold' (temporary files in "
-                  f"{view.input.parent}, removed when the server stops)\n"
-                  f"{PROG}: legend: {viz.LEGEND}. Model Explorer colours the left pane "
-                  f"when it opens; to colour the right one, pick main{viz.FOLDED_SUFFIX} "
-                  f"again in its graph selector", file=sys.stderr)
-            sys.stderr.flush()
-            viz.serve(view, port=args.visualize_port)
-    except KeyboardInterrupt:
-        pass
-    print(f"{PROG}: Model Explorer stopped; its temporary files are removed", file=sys.stderr)
-    # Model Explorer leaves non-daemon threads behind (its server; a PyPI version check
-    # that can take a minute without network), which would keep the process alive after
-    # Ctrl+C. The outputs and the report are written by now.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    # Model Explorer prints its banner and URL on stdout, which may be the module's stream
+    # (`--visualize > folded.mlir`): stdout is stderr until the process exits.
+    with viz.stdout_to_stderr():
+        try:
+            with viz.session(args.input, options=options) as view:
+                print(f"{PROG}: Model Explorer: the input (left) and the folded module "
+                      f"(right, its functions named NAME{viz.FOLDED_SUFFIX}) side by side in "
+                      f"{view.both.name}, node data 'bnfold' (temporary files in "
+                      f"{view.input.parent}, removed when the server stops)\n"
+                      f"{PROG}: legend: {viz.LEGEND}. Model Explorer colours the left pane "
+                      f"when it opens; to colour the right one, pick main{viz.FOLDED_SUFFIX} "
+                      f"again in its graph selector", file=sys.stderr)
+                sys.stderr.flush()
+                viz.serve(view, port=args.visualize_port)
+        except KeyboardInterrupt:
+            pass
+        print(f"{PROG}: Model Explorer stopped; its temporary files are removed",
+              file=sys.stderr)
+        # Model Explorer leaves non-daemon threads behind (its server; a PyPI version check
+        # that can take a minute without network), which would keep the process alive after
+        # Ctrl+C. The outputs and the report are written by now.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
 
 
 def _outputs(args: argparse.Namespace) -> Outputs:
@@ -536,7 +623,7 @@ def _is_exported(data: bytes) -> bool:
 
 
 def _process_exported(args: argparse.Namespace, options: FoldOptions, name: str,
-                      bound: dict[str | int, Any] | None, report: Report, data: bytes,
+                      bound: Bindings | None, report: Report, data: bytes,
                       emit_default: bool) -> tuple[Any, Folded] | None:
     """A serialized jax.export.Exported: binds (--bind-params by @main's argument names),
     folds and rebuilds it (`bnfold.jax_export.fold_serialized`); `--emit exported` (the
@@ -545,6 +632,7 @@ def _process_exported(args: argparse.Namespace, options: FoldOptions, name: str,
 
     if emit_default:
         args.emit = "exported"
+        _refuse_ineffective(args, [f for f in _DEPENDENT if f[2].startswith("--emit")])
     if args.visualize or args.bind_func != "main":
         raise BnfoldError("a serialized jax.export.Exported works without --visualize and "
                           "--bind-func (its parameters are @main's arguments)", location=name)
@@ -575,8 +663,46 @@ def _print_options(args: argparse.Namespace) -> dict[str, Any]:
             "elide_larger": args.elide_larger}
 
 
+# Flags that only mean something with another one: (flag, its dest, what it needs, is that
+# given?). A flag that cannot take effect is an error naming what it needs, never a no-op.
+# --emit defaults to mlir (None until the input's format is known: a serialized Exported
+# defaults to exported, and the check runs again then).
+_DEPENDENT: tuple[tuple[str, str, str, Callable[[argparse.Namespace], bool]], ...] = (
+    ("--report-format", "report_format", "--report", lambda a: bool(a.report)),
+    ("--visualize-port", "visualize_port", "--visualize", lambda a: bool(a.visualize)),
+    ("--bind-func", "bind_func", "--bind-params", lambda a: bool(a.bind_params)),
+    ("--bind-params-extra", "bind_params_extra", "--bind-params", lambda a: bool(a.bind_params)),
+    ("--mlir-print-debuginfo", "print_debuginfo", "--emit mlir (bytecode and portable "
+     "artifacts always keep locations)", lambda a: a.emit in (None, "mlir")),
+    ("--mlir-print-op-generic", "print_generic", "--emit mlir (it is a text form)",
+     lambda a: a.emit in (None, "mlir")),
+    ("--mlir-elide-elementsattrs-if-larger", "elide_larger", "--emit mlir (bytecode and "
+     "portable artifacts keep every constant)", lambda a: a.emit in (None, "mlir")),
+)
+
+
+def _refuse_ineffective(args: argparse.Namespace, flags: Sequence[tuple[str, str, str, Callable[
+        [argparse.Namespace], bool]]]) -> None:
+    for flag, dest, needs, given in flags:
+        value = getattr(args, dest, None)
+        if value is not None and value is not False and not given(args):
+            raise BnfoldError(f"{flag} needs {needs}; without it, it would do nothing")
+
+
+def _check_dependent_flags(args: argparse.Namespace) -> None:
+    _refuse_ineffective(args, _DEPENDENT)
+    if args.report_format is None:
+        args.report_format = "json"
+    if args.visualize_port is None and args.visualize:
+        from bnfold.viz import DEFAULT_PORT
+
+        args.visualize_port = DEFAULT_PORT
+    if args.bind_func is None:
+        args.bind_func = "main"
+
+
 def _process(args: argparse.Namespace, options: FoldOptions, name: str,
-             bound: dict[str | int, Any] | None,
+             bound: Bindings | None,
              report: Report, *, data: bytes | None = None,
              path: str | None = None) -> Folded | None:
     """Parses, binds and folds one module; prints errors and returns None on failure."""
@@ -591,6 +717,9 @@ def _process(args: argparse.Namespace, options: FoldOptions, name: str,
         if isinstance(e, OptionError):  # named as the command line spells it
             e = e.spelled(cli_spelling)
         print(_error_line(e), file=sys.stderr)
+        details = getattr(e, "details", None)  # a long error's whole text (binding.BindError)
+        if details and args.verbose:
+            print(details, file=sys.stderr)
         return None
     report.merge(folded.report)
     if _retained is not None:
@@ -656,6 +785,24 @@ def _without_input(argv: list[str]) -> list[str]:
             value_next = True
         kept.append(arg)
     return [shlex.quote(a) for a in kept]
+
+
+def _ignoring_extra_keys(bound: dict[str | int, Any], args: argparse.Namespace
+                         ) -> Callable[[Any], dict[str | int, Any]]:
+    """--bind-params-extra ignore: the keys that name an argument of the parsed module (a
+    full state dict's other entries are left out, and a line on stderr says which)."""
+
+    def known(module: Any) -> dict[str | int, Any]:
+        from bnfold.binding import short_list, unknown_keys
+
+        unknown = unknown_keys(module, list(bound), function=args.bind_func)
+        if unknown and not args.quiet:
+            shown = short_list([f"'{k}'" for k in unknown])
+            print(f"{PROG}: --bind-params: ignored {len(unknown)} key(s) that name no argument "
+                  f"of @{args.bind_func} (--bind-params-extra ignore): {shown}", file=sys.stderr)
+        return {k: v for k, v in bound.items() if k not in unknown}
+
+    return known
 
 
 def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:

@@ -20,6 +20,7 @@ is built with `in_avals`, `in_tree`, `module_kept_var_idx`,
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,10 +29,10 @@ import numpy as np
 
 from bnfold.binding import find_function
 from bnfold.errors import BnfoldError
-from bnfold.pipeline import Folded, FoldOptions, fold_source
+from bnfold.pipeline import Bindings, Folded, FoldOptions, fold_source
 from bnfold.report import Report
 
-__all__ = ["fold_exported", "fold_function", "fold_serialized", "FoldedFunction"]
+__all__ = ["fold_exported", "fold_function", "fold_serialized", "FoldedFunction", "save_params"]
 
 
 def fold_exported(exported: Any, params: Any = None, *,
@@ -52,52 +53,8 @@ def fold_exported(exported: Any, params: Any = None, *,
     (a function, a jitted function, MLIR text) is a `TypeError` that says what
     to pass.
     """
-    from jax import tree_util
-
     exported = as_exported(exported, "fold_exported")
-    if params is None and argnums not in (None, ()):
-        raise BnfoldError(f"argnums={argnums!r} names arguments to bind, but no params were "
-                          "given: pass the pytree(s) to bind, or leave argnums out to fold "
-                          "without binding")
-    if argnums is None:
-        argnums = 0 if params is not None else ()
-    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
-    values = (params,) if isinstance(argnums, int) else tuple(params or ())
-    if len(values) != len(nums):
-        raise BnfoldError(f"argnums {nums} needs {len(nums)} parameter pytrees, got {len(values)}")
-
-    args_tree, kwargs_tree = exported.in_tree.children()
-    arg_trees = args_tree.children()
-    for n in nums:
-        if not 0 <= n < len(arg_trees):
-            raise BnfoldError(f"argnums {n} does not exist: the exported function takes "
-                             f"{len(arg_trees)} positional argument(s)")
-    if len(set(nums)) != len(nums):
-        raise BnfoldError(f"argnums {nums} repeats an argument")
-
-    # Flat positions of every positional argument's leaves among in_avals.
-    starts = np.cumsum([0] + [t.num_leaves for t in arg_trees])
-    bound_flat: dict[int, np.ndarray] = {}
-    problems: list[str] = []
-    for n, value in zip(nums, values, strict=True):
-        leaves, tree = tree_util.tree_flatten(value)
-        if tree != arg_trees[n]:
-            problems.append(f"argument {n}: the pytree does not match the exported one: "
-                            f"{_tree_difference(value, arg_trees[n])}")
-            continue
-        paths = [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(value)[0]]
-        for k, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
-            flat = int(starts[n]) + k
-            aval = exported.in_avals[flat]
-            array = np.asarray(leaf)
-            if tuple(array.shape) != tuple(aval.shape) or array.dtype != np.dtype(aval.dtype):
-                problems.append(f"argument {n}{path}: got {array.dtype}{list(array.shape)}, "
-                                f"the export expects {aval.str_short()}")
-                continue
-            bound_flat[flat] = array
-    if problems:
-        raise BnfoldError("cannot bind parameters to the exported function:\n  " +
-                         "\n  ".join(problems))
+    nums, bound_flat = _flat_params(exported, params, argnums)
 
     folded = fold_source(exported.mlir_module_serialized, name=exported.fun_name,
                          options=options, bindings=_by_module_arg(exported, bound_flat))
@@ -162,7 +119,7 @@ def _rebuild(exported: Any, nums: Sequence[int], bound_flat: Collection[int],
     )
 
 
-def fold_serialized(data: bytes, params: Mapping[str | int, Any] | None = None, *,
+def fold_serialized(data: bytes, params: Bindings | None = None, *,
                     name: str = "<input>", options: FoldOptions | None = None,
                     **source_options: Any) -> tuple[Any, Folded]:
     """Folds the `jax.export.Exported` that `data` (its `serialize()` bytes) holds.
@@ -186,7 +143,8 @@ def fold_serialized(data: bytes, params: Mapping[str | int, Any] | None = None, 
         offset = _module_offset(exported, module)
         names = argument_names(find_function(module, "main"))
         found: dict[str | int, Any] = {}
-        for key, value in (params or {}).items():
+        given = params(module) if callable(params) else params
+        for key, value in (given or {}).items():
             index = resolve(key, names)
             if index is not None and index < offset:
                 raise BnfoldError(f"'{key}' names argument {index} of @main, which jax.export "
@@ -260,6 +218,117 @@ def deserialize(data: bytes, *, name: str = "<input>") -> Any:
         raise BnfoldError(f"not a serialized jax.export.Exported (expected the bytes of "
                           f"Exported.serialize(); {bir.ACCEPTED_FORMATS})", location=name)
     return exported
+
+
+def _flat_params(exported: Any, params: Any, argnums: int | Sequence[int] | None
+                 ) -> tuple[tuple[int, ...], dict[int, np.ndarray]]:
+    """The positional arguments `argnums` of `exported` to bind, and `params`' leaves by
+    flat input position; raises `BnfoldError` listing every mismatch."""
+    from jax import tree_util
+
+    if params is None and argnums not in (None, ()):
+        raise BnfoldError(f"argnums={argnums!r} names arguments to bind, but no params were "
+                          "given: pass the pytree(s) to bind, or leave argnums out to fold "
+                          "without binding")
+    if argnums is None:
+        argnums = 0 if params is not None else ()
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    values = (params,) if isinstance(argnums, int) else tuple(params or ())
+    if len(values) != len(nums):
+        raise BnfoldError(f"argnums {nums} needs {len(nums)} parameter pytrees, got {len(values)}")
+
+    args_tree, kwargs_tree = exported.in_tree.children()
+    arg_trees = args_tree.children()
+    for n in nums:
+        if not 0 <= n < len(arg_trees):
+            raise BnfoldError(f"argnums {n} does not exist: the exported function takes "
+                             f"{len(arg_trees)} positional argument(s)")
+    if len(set(nums)) != len(nums):
+        raise BnfoldError(f"argnums {nums} repeats an argument")
+
+    kept = set(exported.module_kept_var_idx)
+    # Flat positions of every positional argument's leaves among in_avals.
+    starts = np.cumsum([0] + [t.num_leaves for t in arg_trees])
+    bound_flat: dict[int, np.ndarray] = {}
+    problems: list[str] = []
+    for n, value in zip(nums, values, strict=True):
+        leaves, tree = tree_util.tree_flatten(value)
+        if tree != arg_trees[n]:
+            problems.append(f"argument {n}: the pytree does not match the exported one: "
+                            f"{_tree_difference(value, arg_trees[n])}")
+            continue
+        paths = [tree_util.keystr(p) for p, _ in tree_util.tree_flatten_with_path(value)[0]]
+        for k, (leaf, path) in enumerate(zip(leaves, paths, strict=True)):
+            flat = int(starts[n]) + k
+            aval = exported.in_avals[flat]
+            array = np.asarray(leaf)
+            if flat not in kept:  # dropped by jax.export: compared as jax saw it
+                array = _as_jax_passed(array, np.dtype(aval.dtype))
+            if tuple(array.shape) != tuple(aval.shape) or array.dtype != np.dtype(aval.dtype):
+                problems.append(f"argument {n}{path}: got {array.dtype}{list(array.shape)}, "
+                                f"the export expects {aval.str_short()}")
+                continue
+            bound_flat[flat] = array
+    if problems:
+        raise BnfoldError("cannot bind parameters to the exported function:\n  " +
+                         "\n  ".join(problems))
+    return nums, bound_flat
+
+
+def _as_jax_passed(array: np.ndarray, expected: np.dtype) -> np.ndarray:
+    """`array` in the dtype jax gave it at export time: without jax_enable_x64, an int64
+    leaf (torch's num_batches_tracked) was exported as int32. Only for leaves jax dropped,
+    which are never bound; a bound leaf must have the exported dtype exactly."""
+    from jax import dtypes
+
+    if array.dtype != expected and dtypes.canonicalize_dtype(array.dtype) == expected:
+        return array.astype(expected)
+    return array
+
+
+def save_params(path: Any, exported: Any, params: Any, *,
+                argnums: int | Sequence[int] | None = None) -> list[str]:
+    """Writes the `--bind-params` file for `bnfold-opt` from an `Exported` and the
+    parameter pytree(s) it was exported with (`argnums` as for `fold_exported`).
+
+        exported = jax.export.export(jax.jit(apply))(params, x)
+        bnfold.jax_export.save_params("params.npz", exported, params)
+        # bnfold-opt model.mlir --bind-params params.npz   (model.mlir: exported.mlir_module())
+
+    Each leaf is keyed by a name only its module argument answers to (jax.export's
+    `params['bn']['mean']`; `argN` where it has none), so the file does not depend on
+    leaf order: the leaves jax.export dropped because the function never reads them
+    (Equinox's boolean state, torch's `num_batches_tracked`) are left out, where a
+    positional `numpy.savez(path, *leaves)` would shift every later one. `path` is a
+    file name (numpy adds `.npz` to a name without it) or a binary file object.
+    Returns the keys written; raises `BnfoldError` like `fold_exported` when the
+    pytree does not match the export.
+    """
+    from bnfold import ir as bir
+    from bnfold.binding import argument_names
+
+    if params is None:
+        raise BnfoldError("save_params needs the parameter pytree(s) the function was "
+                          "exported with")
+    _, bound_flat = _flat_params(exported, params, argnums)
+    kept = list(exported.module_kept_var_idx)
+    context = bir.make_context()
+    module = bir.parse(exported.mlir_module_serialized, context, name=exported.fun_name)
+    with context:
+        offset = _module_offset(exported, module)
+        names = argument_names(find_function(module, "main"))
+    arrays: dict[str, np.ndarray] = {}
+    for flat, value in sorted(bound_flat.items()):
+        if flat not in kept:
+            continue  # jax.export dropped the leaf: the module has no argument for it
+        index = offset + kept.index(flat)
+        # argN names the argument by position; prefer a name, one no other argument has
+        # (binding takes the first argument that answers to a key).
+        unique = sorted(n for n in names[index] if not re.fullmatch(r"arg\d+", n)
+                        and not any(n in other for j, other in enumerate(names) if j != index))
+        arrays[unique[0] if unique else f"arg{index}"] = value
+    np.savez(path, **arrays)  # type: ignore[arg-type]
+    return list(arrays)
 
 
 def _target_version() -> str:

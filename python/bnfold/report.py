@@ -207,6 +207,39 @@ def parameter_path(name: str) -> str:
     return "/".join(parts) if position == len(name) and parts else name
 
 
+UNTRAINED = "untrained-statistics"
+
+# What equalization, high-bias absorption and bias correction take from the batch norms.
+STATISTICS_NOTE = ("equalization ranges, high-bias absorption and bias correction take the "
+                   "activations' mean and spread from the folded batch norms' statistics: "
+                   "statistics that do not describe the data (never trained or calibrated) "
+                   "can make the quantized model worse than without them")
+
+
+def untrained(fold: Fold) -> dict[str, Any] | None:
+    """A warning when `fold`'s batch-norm statistics are exactly their initial values (mean 0
+    and variance 1 in every channel; with gamma 1 and beta 0 too, a layer never trained):
+    they describe no data, and what is built on them (equalization ranges, high-bias
+    absorption, bias correction) is then wrong. None otherwise, or without statistics."""
+    params = fold.params
+    if fold.kind != "normalization" or not {"mean", "variance"} <= params.keys():
+        return None
+    if not (np.all(params["mean"] == 0) and np.all(params["variance"] == 1)):
+        return None
+    # gamma and beta of a decomposed chain are recovered in float64 from f32 constants:
+    # within a few units of f32 roundoff of 1 and 0.
+    fresh = "gamma" in params and "beta" in params and \
+        bool(np.all(np.abs(params["gamma"] - 1) <= 1e-6) and np.all(np.abs(params["beta"]) <= 1e-6))
+    what = ("mean 0, variance 1, gamma 1, beta 0 in every channel: a layer never trained"
+            if fresh else "running mean 0 and variance 1 in every channel: never updated from "
+                          "data")
+    return {"code": UNTRAINED, "fold": fold.id, "norm": fold.norm, "message":
+            f"the batch norm's statistics are their initial values ({what}); they do not "
+            f"describe the activations, so --equalize, --absorb-high-bias and "
+            f"--bias-correction, which rely on them, can make a quantized model worse: "
+            f"export after training or calibration"}
+
+
 def _missed(title: str, column: str, skips: list[Skip]) -> list[str]:
     """A numbered table of what a stage left alone (op, or a refused set's layers), and why."""
     if not skips:
@@ -280,14 +313,24 @@ class Report:
     def to_json(self) -> dict[str, Any]:
         data = {"folds": [f.to_json() for f in self.folds],
                 "skipped": [s.to_json() for s in self.skipped],
-                "expanded": self.expanded, "inlined": self.inlined}
+                "expanded": self.expanded, "inlined": self.inlined,
+                "warnings": self.warnings()}
         if self.equalize:
             data["equalized"] = [e.to_json() for e in self.equalized]
             data["not_equalized"] = [s.to_json() for s in self.not_equalized]
         if self.quantize:
             data["quantized"] = [q.to_json() for q in self.quantized]
             data["not_quantized"] = [s.to_json() for s in self.not_quantized]
+        if self.equalize or self.quantize:
+            data["statistics_note"] = STATISTICS_NOTE
         return data
+
+    def warnings(self) -> list[dict[str, Any]]:
+        """`{"code", "fold", "norm", "message"}` per fold whose batch-norm statistics are
+        exactly their initial values (`untrained`), when the statistics were recovered
+        (batch_norm_inference always; a decomposed chain with `FoldOptions.statistics`,
+        --report or --report-params, or what needs them: --equalize, --bias-correction)."""
+        return [w for w in map(untrained, self.folds) if w is not None]
 
     def encodings(self) -> dict[str, Any]:
         """The quantized weights as an AIMET-style encodings file (`--quant-encodings`):
@@ -343,6 +386,9 @@ class Report:
         notes = [(f.id, f.note) for f in self.folds if f.note]
         if notes:
             lines += [""] + _columns([("fold", "what stayed of it, and why")] + notes)
+        warnings = [(w["fold"], w["code"], w["message"]) for w in self.warnings()]
+        if warnings:
+            lines += [""] + _columns([("warning", "code", "message")] + warnings)
         lines.append("")
         if self.skipped:
             skips = [("skipped", "op", "op name", "code", "reason")]
@@ -357,6 +403,8 @@ class Report:
         if self.quantize:
             lines.append("")
             lines += self._quantize_table()
+        if self.equalize or self.quantize:
+            lines += ["", f"note: {STATISTICS_NOTE}"]
         lines += ["", self.summary()]
         return "\n".join(lines) + "\n"
 
@@ -436,6 +484,11 @@ class Report:
                 text += f", bias-corrected {applied} ({len(corrections) - applied} not)"
             if self.not_quantized:
                 text += f", {len(self.not_quantized)} not quantized"
+        if self.equalize or self.quantize:
+            warned = self.warnings()
+            if warned:
+                text += (f"; {len(warned)} batch norm(s) with untrained statistics, which "
+                         f"these results rely on (see the report's warnings)")
         text += _bind_hint(self)
         return text
 

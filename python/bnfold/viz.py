@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import shutil
 import signal
 import socket
@@ -219,6 +220,37 @@ def _terminate_as_interrupt() -> Iterator[None]:
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Standard output goes to standard error for the block, at the descriptor level:
+    Model Explorer prints its banner and URL on stdout (Python prints and anything its
+    threads write), and `bnfold-opt model.mlir --visualize > folded.mlir` must leave
+    nothing but the module in that stream. What was written before is flushed first."""
+    import sys
+
+    for stream in (sys.stdout, sys.__stdout__):
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+    try:
+        saved: int | None = os.dup(1)
+    except OSError:  # stdout was closed: nothing to restore
+        saved = None
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        for stream in (sys.stdout, sys.__stdout__):
+            if stream is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    stream.flush()  # what the block printed goes where it was meant to
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+        else:
+            os.close(1)
 
 
 def check_installed() -> None:
