@@ -418,6 +418,53 @@ def conv_mean(text: str, mean_image: np.ndarray, error: np.ndarray) -> np.ndarra
     return z.reshape(-1, z.shape[-1]).mean(axis=0)
 
 
+SPREAD = """
+func.func @main(%x: tensor<{n}x1x1x{c}xf64>) -> tensor<{n}x1x1x{out}xf64> {{
+  %k1 = stablehlo.constant dense<1.0> : tensor<1x1x1x{c}xf64>
+  %y0 = stablehlo.convolution(%x, %k1) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = {c} : i64}} : (tensor<{n}x1x1x{c}xf64>, tensor<1x1x1x{c}xf64>) -> tensor<{n}x1x1x{c}xf64>
+  %g = stablehlo.constant dense<{gamma}> : tensor<{c}xf64>
+  %b = stablehlo.constant dense<{beta}> : tensor<{c}xf64>
+  %m = stablehlo.constant dense<{mean}> : tensor<{c}xf64>
+  %v = stablehlo.constant dense<{var}> : tensor<{c}xf64>
+  %y = "stablehlo.batch_norm_inference"(%y0, %g, %b, %m, %v) {{epsilon = 1.0e-03 : f32, feature_index = 3 : i64}} : (tensor<{n}x1x1x{c}xf64>, tensor<{c}xf64>, tensor<{c}xf64>, tensor<{c}xf64>, tensor<{c}xf64>) -> tensor<{n}x1x1x{c}xf64>
+  %zero = stablehlo.constant dense<0.0> : tensor<{n}x1x1x{c}xf64>
+  %r = stablehlo.maximum %y, %zero : tensor<{n}x1x1x{c}xf64>
+  %k2 = stablehlo.constant dense<{k2}> : tensor<1x1x{c}x{out}xf64>
+  %z = stablehlo.convolution(%r, %k2) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<{n}x1x1x{c}xf64>, tensor<1x1x{c}x{out}xf64>) -> tensor<{n}x1x1x{out}xf64>
+  return %z : tensor<{n}x1x1x{out}xf64>
+}}
+"""
+
+
+def test_bias_correction_uses_the_spread_the_statistics_imply():
+    """A batch norm whose statistics are (mean, var) sees inputs N(mean, var): its output
+    spreads gamma * sqrt(var / (var + eps)), 0.03 gamma for var 1e-6 and eps 1e-3 (issue
+    31). Judged by Monte-Carlo on XLA: inputs drawn from N(mean, var) per channel, the
+    quantized layer 2's mean output shift against the original's, with and without the
+    correction; the correction must take it back up to the samples' own noise."""
+    rng = np.random.default_rng(31)
+    c, out, n = 3, 4, 200_000
+    gamma, beta = np.array([1.0, 0.8, 1.2]), np.array([0.0, 0.1, -0.2])
+    mean, var = np.array([0.5, -1.0, 2.0]), np.array([1e-6, 1e-4, 1e-2])
+    k2 = rng.normal(0, 1, (1, 1, c, out))
+    text = SPREAD.format(n=n, c=c, out=out, gamma=_dense(gamma)[6:-1], beta=_dense(beta)[6:-1],
+                         mean=_dense(mean)[6:-1], var=_dense(var)[6:-1], k2=_dense(k2)[6:-1])
+    x = (mean + np.sqrt(var) * rng.normal(0, 1, (n, 1, 1, c)))
+    (expected,) = numerics.run_xla(text, [x])
+
+    def shift(**kwargs) -> np.ndarray:
+        # per channel: layer 1's one weight per channel is exact (q = 7), layer 2 moves
+        module = bnfold.fold_source(text, options=options(
+            quantize_weights="int4", quantize_granularity="per-channel", **kwargs))
+        (actual,) = numerics.run_xla(module.serialize().decode(), [x])
+        return (actual - expected).reshape(n, out).mean(axis=0)
+
+    plain, corrected = shift(), shift(bias_correction=True)
+    assert np.all(np.abs(plain) > 1e-3), plain  # int4: a shift worth taking back
+    # the samples' noise: |W_q - W| times the spread of relu(y), over sqrt(n), is < 1e-4
+    np.testing.assert_allclose(corrected, 0.0, atol=0.02 * float(np.max(np.abs(plain))))
+
+
 def test_bias_correction_refuses_without_statistics_and_says_why():
     """The stem reads the model's input; a layer after a max pool, or after a ReLU of a
     residual sum, has no known mean: they are quantized uncorrected, with the reason

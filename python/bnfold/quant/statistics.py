@@ -67,12 +67,16 @@ def recover(steps: list[Step], fit: Affine, evaluator: Evaluator) -> dict[str, n
 
 
 def pre_activation(steps: list[Step], fit: Affine, params: dict[str, np.ndarray],
-                   evaluator: Evaluator) -> tuple[np.ndarray, np.ndarray] | None:
-    """(mean, spread) per channel of the chain's output `y = x * s + t`, or None.
+                   evaluator: Evaluator) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(mean, spread, deviation) per channel of the chain's output `y = x * s + t`, or None.
 
     The batch norm saw `x + bias` (the adds before it) with mean `mean` and
-    variance `var`, so `E[y] = t + s * (mean - bias)` and its spread is
-    `|s| * sqrt(var + eps)`: `beta` and `|gamma|` for a batch norm alone.
+    variance `var`, so `E[y] = t + s * (mean - bias)`, and its standard
+    deviation is `|s| * sqrt(var)` (`deviation`: `|gamma| * sqrt(var / (var +
+    eps))` for a batch norm alone, 0.03 |gamma| for var 1e-6, eps 1e-3). The
+    `spread` `|s| * sqrt(var + eps)` (`|gamma|` alone) is never smaller: the
+    bound that ranges and high-bias absorption keep (the deviation is what a
+    mean through an activation needs).
     None when the statistics are missing or a step other than an add or a
     layout change comes before the batch norm (its statistics would not
     describe `x`)."""
@@ -97,7 +101,8 @@ def pre_activation(steps: list[Step], fit: Affine, params: dict[str, np.ndarray]
             return None
         bias = leading[0]
     spread = np.abs(fit.scale) * np.sqrt(params["variance"] + params["epsilon"])
-    return fit.shift + fit.scale * (params["mean"] - bias), spread
+    deviation = np.abs(fit.scale) * np.sqrt(np.maximum(params["variance"], 0.0))
+    return fit.shift + fit.scale * (params["mean"] - bias), spread, deviation
 
 
 def _leading(steps: list[Step], evaluator: Evaluator, channels: int
