@@ -484,6 +484,54 @@ def test_bias_correction_refuses_without_statistics_and_says_why():
     assert data["quantized"][0]["bias_correction"]["applied"] is False
 
 
+MEANLESS = """
+func.func @main(%x: tensor<1x4x4x3xf32>) -> tensor<1x4x4x2xf32> {{
+  %k1 = stablehlo.constant dense<[[[[0.5, -1.0, 0.25], [1.5, 0.75, -0.5], [-0.25, 1.0, 2.0]]]]> : tensor<1x1x3x3xf32>
+  %y = stablehlo.convolution(%x, %k1) {conv} : (tensor<1x4x4x3xf32>, tensor<1x1x3x3xf32>) -> tensor<1x4x4x3xf32>
+  %m = stablehlo.constant dense<[0.3, -0.2, 0.1]> : tensor<3xf32>
+  %mb = stablehlo.broadcast_in_dim %m, dims = [3] : (tensor<3xf32>) -> tensor<1x4x4x3xf32>
+  %c = {centered}
+  %v = stablehlo.constant dense<[1.5, 0.5, 2.0]> : tensor<3xf32>
+  %eps = stablehlo.constant dense<1.0e-03> : tensor<3xf32>
+  %ve = stablehlo.add %v, %eps : tensor<3xf32>
+  %inv = stablehlo.rsqrt %ve : tensor<3xf32>
+  %g = stablehlo.constant dense<[1.0, 0.8, 1.2]> : tensor<3xf32>
+  %s = stablehlo.multiply %inv, %g : tensor<3xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<3xf32>) -> tensor<1x4x4x3xf32>
+  %n = stablehlo.multiply %c, %sb : tensor<1x4x4x3xf32>
+  %b = stablehlo.constant dense<[0.5, -0.1, 0.2]> : tensor<3xf32>
+  %bb = stablehlo.broadcast_in_dim %b, dims = [3] : (tensor<3xf32>) -> tensor<1x4x4x3xf32>
+  %o = stablehlo.add %n, %bb : tensor<1x4x4x3xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<1x4x4x3xf32>
+  %r = stablehlo.maximum %o, %zero : tensor<1x4x4x3xf32>
+  %k2 = stablehlo.constant dense<[[[[0.3, -0.7], [1.1, 0.2], [-0.4, 0.9]]]]> : tensor<1x1x3x2xf32>
+  %z = stablehlo.convolution(%r, %k2) {conv} : (tensor<1x4x4x3xf32>, tensor<1x1x3x2xf32>) -> tensor<1x4x4x2xf32>
+  return %z : tensor<1x4x4x2xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize("centered", [True, False], ids=["with-mean", "without-mean"])
+def test_a_batch_norm_without_a_mean_states_no_mean_and_says_so(centered):
+    """`y * rsqrt(var + eps) * gamma + c` folds, but says nothing of its output's mean: c is
+    beta for a zero mean, or beta - mean * gamma * rsqrt(var + eps) where an exporter merged
+    them -- the same constants. The layer after it is quantized uncorrected, and the report
+    names the batch norm without a mean (not 'no folded batch norm'); with `y - mean` first,
+    the same module is corrected."""
+    text = MEANLESS.format(conv=STACK_CONV, centered="stablehlo.subtract %y, %mb : "
+                           "tensor<1x4x4x3xf32>" if centered else
+                           "stablehlo.convert %y : tensor<1x4x4x3xf32>")
+    out = bnfold.fold_source(text, options=options(quantize_weights="int4", bias_correction=True))
+    assert len(out.report.folds) == 1, out.report.table()
+    layer2 = out.report.quantized[1].bias_correction
+    if centered:
+        assert layer2["applied"], layer2
+        return
+    assert not layer2["applied"] and layer2["code"] == "no-statistics", layer2
+    assert "states no mean" in layer2["reason"] and "fold0" in layer2["reason"], layer2["reason"]
+    assert "stablehlo.convolution at" in layer2["reason"], layer2["reason"]
+
+
 # --- the measured gain ----------------------------------------------------------------------------
 
 

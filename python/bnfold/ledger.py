@@ -105,6 +105,7 @@ class Ledger:
         # each forward fold and the producer it built (merge-bias looks after them)
         self.forward_producers: list[tuple[Fold, ir.Operation]] = []
         self._statistics: dict[Handle, Statistics] = {}
+        self._no_statistics: dict[Handle, str] = {}  # why a folded batch norm gave none
         self.quantize = False
         self.quantized: list[Quantized] = []
         self._not_quantized: list[Skip] = []
@@ -179,6 +180,13 @@ class Ledger:
     def set_statistics(self, producer: ir.Operation, statistics: Statistics) -> None:
         self._statistics[self._rewriter.handle(producer)] = statistics
 
+    def no_statistics(self, producer: ir.Operation) -> str | None:
+        """Why the batch norm folded into `producer` says nothing of its output, if known."""
+        return self._no_statistics.get(self._rewriter.handle(producer))
+
+    def set_no_statistics(self, producer: ir.Operation, reason: str) -> None:
+        self._no_statistics[self._rewriter.handle(producer)] = reason
+
     def folds_of(self, producer: ir.Operation) -> list[Fold]:
         """The folds `producer` (or the op it replaced) absorbed."""
         return self._absorbed.get(self._rewriter.handle(producer), [])
@@ -192,6 +200,8 @@ class Ledger:
             self._absorbed.setdefault(successor, []).extend(self._absorbed.pop(old))
         if old in self._statistics and successor not in self._statistics:
             self._statistics[successor] = self._statistics.pop(old)
+        if old in self._no_statistics and successor not in self._no_statistics:
+            self._no_statistics[successor] = self._no_statistics.pop(old)
 
     def on_change(self) -> None:
         pass

@@ -428,6 +428,10 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
                     # The fold's shift is the bias it adds after the producer.
                     ctx.ledger.set_statistics(producer, Statistics(
                         mean, spread, plan.affine.shift, deviation))
+            elif fold.kind == "normalization" and "mean" not in fold.params and \
+                    statistics.has_variance(steps):
+                for producer in applied.producers:
+                    ctx.ledger.set_no_statistics(producer, statistics.NO_MEAN.format(fold.id))
         rest = list(plan.chain.steps[len(steps):]) if plan.chain is not None else []
         if plan.rest_reason is not None and affine.looks_like_normalization(rest):
             note(ctx, rest, backward=plan.rest_reason)

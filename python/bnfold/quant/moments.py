@@ -94,6 +94,8 @@ class Walk:
 
     def _producer(self, op: ir.Operation) -> Moments | Refusal:
         stats = self.ctx.ledger.statistics(op)
+        if stats is None and (why := self.ctx.ledger.no_statistics(op)) is not None:
+            return Refusal(Code.NO_STATISTICS, f"{_where(op)}: {why}")
         if stats is None:
             return Refusal(Code.NO_STATISTICS, f"{_where(op)} has no batch-norm statistics (no "
                                                "folded batch norm describes its output)")

@@ -32,6 +32,14 @@ from bnfold.graph import defining_op
 from bnfold.ir import ir
 
 _MAX_DEPTH = 12
+
+# A variance under `rsqrt` and no mean: `y * rsqrt(var + eps) * gamma + c`. That is a batch
+# norm of mean 0 when c is its beta, and of any mean m when c is beta - m * gamma *
+# rsqrt(var + eps) (an exporter that merged the two constants): the same constants either
+# way, so the mean of the chain's output is not stated, and nothing assumes one.
+NO_MEAN = ("the batch norm folded into it ({}) states no mean (y * rsqrt(var + eps) * gamma "
+           "+ c: c is beta for a zero mean, or beta - mean * gamma * rsqrt(var + eps) where an "
+           "exporter merged them), so the mean of its output is unknown")
 _PASS_THROUGH = ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert",
                  "stablehlo.transpose", "stablehlo.multiply", "stablehlo.divide",
                  "stablehlo.dynamic_broadcast_in_dim",
