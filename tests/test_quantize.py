@@ -560,6 +560,124 @@ def test_bias_correction_raises_the_output_sqnr_of_a_calibrated_mobilenet(mobile
     assert corrected_ > plain + 0.5, (plain, corrected_)  # measured: 21.5 -> 22.6 dB
 
 
+def _biases(text: str) -> list[np.ndarray]:
+    """The constant each producer's bias add puts after it (float64), in program order."""
+    context, module = support.parse(text)
+    found = []
+    with context:
+        for op in _producers(module):
+            (use,) = list(op.results[0].uses)
+            add = use.owner if isinstance(use.owner, bir.ir.Operation) else use.owner.operation
+            assert add.name == "stablehlo.add", add
+            (value,) = [v for v in add.operands if v != op.results[0]]
+            while _constant(value) is None:
+                value = _defining(value).operands[0]  # broadcast_in_dim, reshape
+            found.append(np.asarray(_constant(value), np.float64).reshape(-1))
+    return found
+
+
+def _assumed_input_means(net: quantnet.Net, n: int, rng) -> list[np.ndarray | None]:
+    """Per producer in program order, the mean of its input per channel over `n` samples
+    drawn from what the correction assumes: each batch norm's pre-activation N(beta,
+    gamma^2 var / (var + eps)) per channel, through the network's own ops (ReLU6,
+    residual sums, the mean pool's sum) in numpy. None for the stem (the model's input)."""
+    def out(conv: quantnet.Conv) -> np.ndarray:
+        spread = np.abs(conv.gamma) * np.sqrt(conv.var / (conv.var + quantnet.EPS))
+        z = conv.beta + spread * rng.standard_normal((n, conv.beta.size))
+        return np.clip(z, 0.0, 6.0) if conv.relu6 else z
+
+    means: list[np.ndarray | None] = [None]
+    y = out(net.stem)
+    for expand, depthwise, project, residual in net.blocks:
+        z = y
+        if expand is not None:
+            means.append(z.mean(axis=0))
+            z = out(expand)
+        means.append(z.mean(axis=0))
+        z = out(depthwise)
+        means.append(z.mean(axis=0))
+        z = out(project)
+        y = y + z if residual else z
+    means.append(y.mean(axis=0))
+    means.append(out(net.head).mean(axis=0))  # the mean pool: times its taps below
+    return means
+
+
+def test_each_corrected_layer_takes_back_its_own_shift_under_the_assumed_statistics():
+    """Issue 31: for every corrected layer of the calibrated MobileNet, its own mean
+    output shift, (W_q - W) x averaged over samples x drawn from the statistics the
+    correction assumed (numpy through the network's ops) and over the output positions
+    (XLA: the convolution of the mean image, zero padding included), must go down once
+    the corrected bias is in: the bias the corrected module adds minus the plain one's.
+    Per-tensor int8 without equalization: the kernels and statistics are the network's."""
+    import jax
+    import jax.numpy as jnp
+
+    net = quantnet.mobilenet(seed=0)
+    text = net.stablehlo(batch=1)
+    plain = bnfold.fold_source(text, options=options(quantize_weights="int8"))
+    corrected = bnfold.fold_source(text, options=options(quantize_weights="int8",
+                                                         bias_correction=True))
+    plain_text, corrected_text = plain.serialize().decode(), corrected.serialize().decode()
+    floats = float_kernels(bnfold.fold_source(text).serialize().decode())
+    quantized = quantized_kernels(plain_text)
+    taken = [p - c for p, c in zip(_biases(plain_text), _biases(corrected_text), strict=True)]
+    means = _assumed_input_means(net, 50_000, np.random.default_rng(31))
+    convs = [net.stem] + [c for e, d, p, _ in net.blocks for c in (e, d, p) if c is not None] \
+        + [net.head]
+    context, module = support.parse(plain_text)
+    with context:
+        shapes = [tuple(bir.ir.RankedTensorType(op.operands[0].type).shape)
+                  for op in _producers(module)]
+        (reduce_,) = [_defining(op.operands[0]) for op in _producers(module)][-1:]
+        assert reduce_.name == "stablehlo.reduce"  # the dense reads the sum of the pool
+        taps = int(np.prod(bir.ir.RankedTensorType(reduce_.operands[0].type).shape[1:3]))
+    assert len(floats) == len(quantized) == len(means) == len(convs) + 1
+    rows = []
+    for k, ((_, _, kernel), (q, scale, _)) in enumerate(zip(floats, quantized, strict=True)):
+        if means[k] is None:
+            assert not np.any(taken[k]), "the stem reads the model's input"
+            continue
+        error = (q.astype(np.float32) * np.float32(scale)).astype(np.float64) - kernel
+        if k < len(convs):
+            conv = convs[k]
+            image = np.broadcast_to(means[k], (1, *shapes[k][1:]))
+            with jax.enable_x64():
+                y = jax.lax.conv_general_dilated(
+                    jnp.asarray(image), jnp.asarray(error), (conv.stride, conv.stride), "SAME",
+                    dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=conv.groups)
+            shift = np.asarray(y).reshape(-1, error.shape[-1]).mean(axis=0)
+        else:
+            shift = (means[k] * taps) @ error
+        before = float(np.sqrt(np.mean(shift ** 2)))
+        after = float(np.sqrt(np.mean((shift - taken[k]) ** 2)))
+        rows.append((k, before, after))
+    assert len(rows) == len(floats) - 1  # every layer but the stem is corrected
+    # What each E[x] rests on: an expand or head convolution reads a projection (or a
+    # residual sum of them) -- the batch norms' means, by linearity; the others read a
+    # ReLU6 (the depthwise after block 0's stem too), whose mean is the normal model's.
+    expands = {id(e) for e, _, _, _ in net.blocks if e is not None}
+    linear = [id(conv) in expands or conv is net.head for conv in convs]
+    bases = [q.bias_correction.get("basis") for q in corrected.report.quantized]
+    assert bases == [None] + ["linear" if x else "normal" for x in linear[1:]] + ["normal"], bases
+    # The samples' own noise is a few 1e-3 of the shift; the correction leaves about that.
+    assert all(after < 0.05 * before for _, before, after in rows), rows
+
+
+def test_the_corrections_lower_the_mean_output_shift_of_the_calibrated_mobilenet(mobilenet):
+    """End to end on XLA, per-tensor int8 after equalization: the mean over the inputs of
+    the output error (quantized minus float, per class) goes down with the correction."""
+    text, xs, expected = mobilenet
+    shifts = []
+    for correct in (False, True):
+        module = bnfold.fold_source(text, options=options(
+            equalize=True, quantize_weights="int8", bias_correction=correct))
+        actual = numerics.run_xla(module.serialize().decode(), [xs])[0]
+        shift = np.mean(np.asarray(actual, np.float64) - expected, axis=0)
+        shifts.append(float(np.sqrt(np.mean(shift ** 2))))
+    assert shifts[1] < 0.9 * shifts[0], shifts  # measured: 1.56e-2 -> 1.27e-2
+
+
 # --- the walk back to the batch norms: its limits and what it names --------------------------
 
 STACK_CONV = ("dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} "
