@@ -603,12 +603,40 @@ def _assumed_input_means(net: quantnet.Net, n: int, rng) -> list[np.ndarray | No
     return means
 
 
-def test_each_corrected_layer_takes_back_its_own_shift_under_the_assumed_statistics():
+def _data_input_means(net: quantnet.Net, xs: np.ndarray) -> list[np.ndarray | None]:
+    """Per producer in program order, its float input averaged over the inputs `xs` (the
+    network's own forward pass in float64 on XLA): an image per convolution, a vector for
+    the dense layer (the mean pool's sum). None for the stem."""
+    import jax
+    import jax.numpy as jnp
+
+    found: list[np.ndarray | None] = [None]
+
+    def layer(conv: quantnet.Conv, x: jax.Array) -> jax.Array:
+        found.append(np.asarray(jnp.mean(x, axis=0, keepdims=True)))
+        return quantnet._layer(conv, x)
+
+    with jax.enable_x64():
+        y = quantnet._layer(net.stem, jnp.asarray(xs, jnp.float64))
+        for expand, depthwise, project, residual in net.blocks:
+            z = layer(expand, y) if expand is not None else y
+            z = layer(project, layer(depthwise, z))
+            y = y + z if residual else z
+        head = layer(net.head, y)
+        found.append(np.asarray(jnp.mean(jnp.sum(head, axis=(1, 2)), axis=0)))
+    return found
+
+
+@pytest.mark.parametrize("source", ["assumed", "data"])
+def test_each_corrected_layer_takes_back_its_own_shift(source):
     """Issue 31: for every corrected layer of the calibrated MobileNet, its own mean
-    output shift, (W_q - W) x averaged over samples x drawn from the statistics the
-    correction assumed (numpy through the network's ops) and over the output positions
-    (XLA: the convolution of the mean image, zero padding included), must go down once
-    the corrected bias is in: the bias the corrected module adds minus the plain one's.
+    output shift, (W_q - W) x averaged over inputs x and over the output positions (XLA:
+    the convolution of the mean input image with the error kernel, zero padding
+    included), must go down once the corrected bias is in (the bias the corrected module
+    adds minus the plain one's). `assumed`: x drawn from the statistics the correction
+    assumed (numpy through the network's ops), which it must take back up to the
+    samples' noise; `data`: x the layer's float input on 64 inputs from the distribution
+    the batch norms were calibrated on, where the normal model is an approximation.
     Per-tensor int8 without equalization: the kernels and statistics are the network's."""
     import jax
     import jax.numpy as jnp
@@ -622,7 +650,8 @@ def test_each_corrected_layer_takes_back_its_own_shift_under_the_assumed_statist
     floats = float_kernels(bnfold.fold_source(text).serialize().decode())
     quantized = quantized_kernels(plain_text)
     taken = [p - c for p, c in zip(_biases(plain_text), _biases(corrected_text), strict=True)]
-    means = _assumed_input_means(net, 50_000, np.random.default_rng(31))
+    means = _assumed_input_means(net, 50_000, np.random.default_rng(31)) \
+        if source == "assumed" else _data_input_means(net, quantnet.inputs(7, 64))
     convs = [net.stem] + [c for e, d, p, _ in net.blocks for c in (e, d, p) if c is not None] \
         + [net.head]
     context, module = support.parse(plain_text)
@@ -641,14 +670,14 @@ def test_each_corrected_layer_takes_back_its_own_shift_under_the_assumed_statist
         error = (q.astype(np.float32) * np.float32(scale)).astype(np.float64) - kernel
         if k < len(convs):
             conv = convs[k]
-            image = np.broadcast_to(means[k], (1, *shapes[k][1:]))
+            image = np.broadcast_to(means[k], (1, *shapes[k][1:]))  # per position: data
             with jax.enable_x64():
                 y = jax.lax.conv_general_dilated(
                     jnp.asarray(image), jnp.asarray(error), (conv.stride, conv.stride), "SAME",
                     dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=conv.groups)
             shift = np.asarray(y).reshape(-1, error.shape[-1]).mean(axis=0)
         else:
-            shift = (means[k] * taps) @ error
+            shift = (means[k] * (taps if source == "assumed" else 1)) @ error
         before = float(np.sqrt(np.mean(shift ** 2)))
         after = float(np.sqrt(np.mean((shift - taken[k]) ** 2)))
         rows.append((k, before, after))
@@ -660,8 +689,10 @@ def test_each_corrected_layer_takes_back_its_own_shift_under_the_assumed_statist
     linear = [id(conv) in expands or conv is net.head for conv in convs]
     bases = [q.bias_correction.get("basis") for q in corrected.report.quantized]
     assert bases == [None] + ["linear" if x else "normal" for x in linear[1:]] + ["normal"], bases
-    # The samples' own noise is a few 1e-3 of the shift; the correction leaves about that.
-    assert all(after < 0.05 * before for _, before, after in rows), rows
+    if source == "assumed":  # the samples' own noise is a few 1e-3 of the shift
+        assert all(after < 0.05 * before for _, before, after in rows), rows
+    else:  # measured: 2-31% of the uncorrected shift is left
+        assert all(after < before for _, before, after in rows), rows
 
 
 def test_the_corrections_lower_the_mean_output_shift_of_the_calibrated_mobilenet(mobilenet):
