@@ -426,7 +426,7 @@ func.func @main(%x: tensor<{n}x1x1x{c}xf64>) -> tensor<{n}x1x1x{out}xf64> {{
   %b = stablehlo.constant dense<{beta}> : tensor<{c}xf64>
   %m = stablehlo.constant dense<{mean}> : tensor<{c}xf64>
   %v = stablehlo.constant dense<{var}> : tensor<{c}xf64>
-  %y = "stablehlo.batch_norm_inference"(%y0, %g, %b, %m, %v) {{epsilon = 1.0e-03 : f32, feature_index = 3 : i64}} : (tensor<{n}x1x1x{c}xf64>, tensor<{c}xf64>, tensor<{c}xf64>, tensor<{c}xf64>, tensor<{c}xf64>) -> tensor<{n}x1x1x{c}xf64>
+{norm}
   %zero = stablehlo.constant dense<0.0> : tensor<{n}x1x1x{c}xf64>
   %r = stablehlo.maximum %y, %zero : tensor<{n}x1x1x{c}xf64>
   %k2 = stablehlo.constant dense<{k2}> : tensor<1x1x{c}x{out}xf64>
@@ -436,7 +436,26 @@ func.func @main(%x: tensor<{n}x1x1x{c}xf64>) -> tensor<{n}x1x1x{out}xf64> {{
 """
 
 
-def test_bias_correction_uses_the_spread_the_statistics_imply():
+SPREAD_NORMS = {
+    "batch_norm_inference": '  %y = "stablehlo.batch_norm_inference"(%y0, %g, %b, %m, %v) {{epsilon = '
+    '1.0e-03 : f32, feature_index = 3 : i64}} : ({t}, tensor<{c}xf64>, tensor<{c}xf64>, '
+    'tensor<{c}xf64>, tensor<{c}xf64>) -> {t}',
+    # Flax's spelling: (y - mean) * (gamma * rsqrt(var + eps)) + beta
+    "decomposed": """  %mb = stablehlo.broadcast_in_dim %m, dims = [3] : (tensor<{c}xf64>) -> {t}
+  %centered = stablehlo.subtract %y0, %mb : {t}
+  %eps = stablehlo.constant dense<1.0e-03> : tensor<{c}xf64>
+  %ve = stablehlo.add %v, %eps : tensor<{c}xf64>
+  %inv = stablehlo.rsqrt %ve : tensor<{c}xf64>
+  %s = stablehlo.multiply %g, %inv : tensor<{c}xf64>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<{c}xf64>) -> {t}
+  %scaled = stablehlo.multiply %centered, %sb : {t}
+  %bb = stablehlo.broadcast_in_dim %b, dims = [3] : (tensor<{c}xf64>) -> {t}
+  %y = stablehlo.add %scaled, %bb : {t}""",
+}
+
+
+@pytest.mark.parametrize("form", sorted(SPREAD_NORMS))
+def test_bias_correction_uses_the_spread_the_statistics_imply(form):
     """A batch norm whose statistics are (mean, var) sees inputs N(mean, var): its output
     spreads gamma * sqrt(var / (var + eps)), 0.03 gamma for var 1e-6 and eps 1e-3 (issue
     31). Judged by Monte-Carlo on XLA: inputs drawn from N(mean, var) per channel, the
@@ -447,8 +466,10 @@ def test_bias_correction_uses_the_spread_the_statistics_imply():
     gamma, beta = np.array([1.0, 0.8, 1.2]), np.array([0.0, 0.1, -0.2])
     mean, var = np.array([0.5, -1.0, 2.0]), np.array([1e-6, 1e-4, 1e-2])
     k2 = rng.normal(0, 1, (1, 1, c, out))
+    norm = SPREAD_NORMS[form].format(t=f"tensor<{n}x1x1x{c}xf64>", c=c)
     text = SPREAD.format(n=n, c=c, out=out, gamma=_dense(gamma)[6:-1], beta=_dense(beta)[6:-1],
-                         mean=_dense(mean)[6:-1], var=_dense(var)[6:-1], k2=_dense(k2)[6:-1])
+                         mean=_dense(mean)[6:-1], var=_dense(var)[6:-1], k2=_dense(k2)[6:-1],
+                         norm=norm)
     x = (mean + np.sqrt(var) * rng.normal(0, 1, (n, 1, 1, c)))
     (expected,) = numerics.run_xla(text, [x])
 
