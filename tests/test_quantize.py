@@ -553,6 +553,16 @@ def test_a_batch_norm_without_a_mean_states_no_mean_and_says_so(centered):
     assert "stablehlo.convolution at" in layer2["reason"], layer2["reason"]
 
 
+def test_high_bias_absorption_names_the_batch_norm_without_a_mean():
+    """Absorption needs layer 1's pre-activation mean (beta - 3 gamma): after a batch norm
+    without a mean it is refused, and the reason says why rather than 'no batch norm'."""
+    text = MEANLESS.format(conv=STACK_CONV, centered="stablehlo.convert %y : tensor<1x4x4x3xf32>")
+    report = bnfold.fold_source(text, options=options(equalize=True, absorb_high_bias=True)).report
+    (link,) = report.equalized[0].high_bias
+    assert not link["absorbed"] and link["code"] == "no-statistics", link
+    assert "layer 1: the batch norm folded into it (fold0) states no mean" in link["reason"], link
+
+
 # --- the measured gain ----------------------------------------------------------------------------
 
 
