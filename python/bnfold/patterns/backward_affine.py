@@ -429,7 +429,7 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
                     ctx.ledger.set_statistics(producer, Statistics(
                         mean, spread, plan.affine.shift, deviation))
             elif fold.kind == "normalization" and "mean" not in fold.params and \
-                    statistics.has_variance(steps):
+                    statistics.states_no_mean(steps, plan.affine, evaluator):
                 for producer in applied.producers:
                     ctx.ledger.set_no_statistics(producer, statistics.NO_MEAN.format(fold.id))
         rest = list(plan.chain.steps[len(steps):]) if plan.chain is not None else []

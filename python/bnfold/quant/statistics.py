@@ -52,7 +52,28 @@ def recover(steps: list[Step], fit: Affine, evaluator: Evaluator) -> dict[str, n
     Additive steps before the mean subtraction (a convolution's own bias) are
     part of the batch norm's input: `beta = t + s * (mean - bias)`.
     """
-    channels = fit.channels
+    parts = _parts(steps, evaluator, fit.channels)
+    if parts is None:
+        return None
+    bias, mean, variance = parts
+    if variance is None or mean is None:
+        return None
+    var, eps = variance
+    return {"gamma": fit.scale * np.sqrt(var + eps), "beta": fit.shift + fit.scale * (mean - bias),
+            "mean": mean, "variance": var, "epsilon": eps}
+
+
+def states_no_mean(steps: list[Step], fit: Affine, evaluator: Evaluator) -> bool:
+    """Whether the chain reads as a batch norm whose variance is there and whose mean is
+    not: `y * rsqrt(var + eps) * gamma + c` (`NO_MEAN`)."""
+    parts = _parts(steps, evaluator, fit.channels)
+    return parts is not None and parts[1] is None and parts[2] is not None
+
+
+def _parts(steps: list[Step], evaluator: Evaluator, channels: int
+           ) -> tuple[np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None] | None:
+    """The bias before the normalization, its mean and its (variance, epsilon), each None
+    where the chain does not show it; None when the leading steps are not recognisable."""
     variance: tuple[np.ndarray, np.ndarray] | None = None
     leading = _leading(steps, evaluator, channels)
     if leading is None:
@@ -67,11 +88,7 @@ def recover(steps: list[Step], fit: Affine, evaluator: Evaluator) -> dict[str, n
                     variance = _variance(op, evaluator, channels)
                 if mean is None and op.name == "stablehlo.negate":
                     mean = _vector(op.operands[0], evaluator, channels)
-    if variance is None or mean is None:
-        return None
-    var, eps = variance
-    return {"gamma": fit.scale * np.sqrt(var + eps), "beta": fit.shift + fit.scale * (mean - bias),
-            "mean": mean, "variance": var, "epsilon": eps}
+    return bias, mean, variance
 
 
 def pre_activation(steps: list[Step], fit: Affine, params: dict[str, np.ndarray],
