@@ -808,6 +808,34 @@ def test_bias_correction_stops_at_its_depth_limit_and_says_so():
     assert "more than 160 ops" in found[1]["reason"]
 
 
+def _layer2(text: str) -> tuple[dict, np.ndarray]:
+    out = bnfold.fold_source(text, options=options(quantize_weights="int8", bias_correction=True))
+    layer2 = out.report.quantized[1]
+    assert layer2.bias_correction["applied"], layer2.bias_correction
+    return layer2.bias_correction, layer2.params["bias_shift"]
+
+
+def test_what_a_mean_rests_on_survives_layout_scales_and_sums():
+    """Between layer 1's ReLU6 and layer 2: two transposes keep the activation's mean (the
+    normal model's); ReLU6 plus half its own |.| is a sum of two values (no longer a
+    clipped normal) whose mean is still exact by linearity: 1.5 E[relu6]. Layer 2's kernel
+    is quantized the same way in each module, so its shift is linear in E[x]
+    (E[(W_q - W) x] = (W_q - W) E[x]): the same shift, and 1.5 times it."""
+    plain, shift = _layer2(stack_module(2))
+    swap = "dims = [0, 2, 1, 3] : (T) -> T"
+    moved, moved_shift = _layer2(stack_module(2, f"  %a = stablehlo.transpose %in, {swap}\n"
+                                                  f"  %out = stablehlo.transpose %a, {swap}"))
+    half = "stablehlo.constant dense<0.5> : T"
+    summed, summed_shift = _layer2(stack_module(2, "  %a = stablehlo.abs %in : T\n"
+                                                   f"  %h = {half}\n"
+                                                   "  %s = stablehlo.multiply %a, %h : T\n"
+                                                   "  %out = stablehlo.add %in, %s : T"))
+    assert plain["basis"] == moved["basis"] == "normal", (plain, moved)
+    assert summed["basis"] == "normal", summed  # the sum of two activations' means
+    np.testing.assert_allclose(moved_shift, shift, rtol=1e-12)
+    np.testing.assert_allclose(summed_shift, 1.5 * shift, rtol=1e-6)
+
+
 def test_bias_correction_names_the_op_it_cannot_see_through():
     """An op without a law (a sigmoid) between two layers: the reason names it and where."""
     found = _corrections(stack_module(2, "  %out = stablehlo.logistic %in : T"))
