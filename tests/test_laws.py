@@ -471,8 +471,8 @@ def corrected(text: str) -> dict:
 
 
 # ReLU, ReLU6, |x| and thresholds (a compare's cases select by it)
-ACTIVATIONS = {"stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp", "stablehlo.select",
-               "stablehlo.compare", "stablehlo.abs"}
+MODELED_MEANS = {"stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp", "stablehlo.select",
+                 "stablehlo.compare", "stablehlo.abs"}
 MEAN_CASES = [(op, name, case) for op, name, case in CASES if (op, name) not in MEAN_REFUSED] + [
     ("stablehlo.select", "threshold_relu", COMMUTES["stablehlo.compare"]["threshold_relu"]),
     ("stablehlo.reduce_window", "sum_pool_unpadded", region(
@@ -493,7 +493,7 @@ def test_mean_law_matches_monte_carlo(op, name, case):
     # What the mean rests on: an activation's needs the distribution (the normal model);
     # every other step's is the batch norm's mean by linearity, so the shift must hold
     # for another distribution with that mean too (uniform here).
-    assert found["basis"] == ("normal" if op in ACTIVATIONS else "linear"), (op, found)
+    assert found["basis"] == ("normal" if op in MODELED_MEANS else "linear"), (op, found)
     if found["basis"] == "linear":
         expected, error = monte_carlo_shift(case, uniform=True)
         np.testing.assert_array_less(np.abs(found["shift"] - expected), 5 * error + 1e-9)
