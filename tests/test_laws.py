@@ -437,10 +437,11 @@ def int4_error(kernel: np.ndarray) -> np.ndarray:
     return np.clip(np.rint(kernel / scale), -7, 7) * scale - kernel
 
 
-def monte_carlo_shift(case: tuple[str, str, str], samples: int = 4096, seed: int = 0
-                      ) -> tuple[np.ndarray, np.ndarray]:
+def monte_carlo_shift(case: tuple[str, str, str], samples: int = 4096, seed: int = 0,
+                      uniform: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """E[(W_q - W) region(y)] per output channel over samples and positions, and its
-    standard error; y ~ N(beta, gamma^2) per channel, independent per position."""
+    standard error; y ~ N(beta, gamma^2) per channel, independent per position (`uniform`:
+    uniform with the same mean and spread instead)."""
     lines, rt, out = case
     n = samples
     region_text = lines.replace("tensor<2x", f"tensor<{n}x").replace("[0:2,", f"[0:{n},")
@@ -453,7 +454,9 @@ def monte_carlo_shift(case: tuple[str, str, str], samples: int = 4096, seed: int
             "[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : "
             f"i64}} : ({rt}, tensor<1x1x3x2xf64>) -> tensor<{n}x{out}x2xf64>\n"
             f"  return %z : tensor<{n}x{out}x2xf64>\n}}\n")
-    y = np.random.default_rng(seed).normal(BN_BETA, BN_GAMMA, size=(n, 4, 4, 3))
+    rng = np.random.default_rng(seed)
+    y = BN_BETA + BN_GAMMA * np.sqrt(3.0) * rng.uniform(-1.0, 1.0, (n, 4, 4, 3)) if uniform \
+        else rng.normal(BN_BETA, BN_GAMMA, size=(n, 4, 4, 3))
     (z,) = run_xla(text, [y])
     per_sample = z.reshape(n, -1, 2).mean(axis=1)
     return per_sample.mean(axis=0), per_sample.std(axis=0) / np.sqrt(n)
@@ -467,6 +470,9 @@ def corrected(text: str) -> dict:
     return layer2.bias_correction | {"shift": layer2.params.get("bias_shift")}
 
 
+# ReLU, ReLU6, |x| and thresholds (a compare's cases select by it)
+MODELED_MEANS = {"stablehlo.maximum", "stablehlo.minimum", "stablehlo.clamp", "stablehlo.select",
+                 "stablehlo.compare", "stablehlo.abs"}
 MEAN_CASES = [(op, name, case) for op, name, case in CASES if (op, name) not in MEAN_REFUSED] + [
     ("stablehlo.select", "threshold_relu", COMMUTES["stablehlo.compare"]["threshold_relu"]),
     ("stablehlo.reduce_window", "sum_pool_unpadded", region(
@@ -484,6 +490,13 @@ def test_mean_law_matches_monte_carlo(op, name, case):
     expected, error = monte_carlo_shift(case)
     assert np.any(np.abs(expected) > 5 * error), (expected, error)  # the shift is measurable
     np.testing.assert_array_less(np.abs(found["shift"] - expected), 5 * error + 1e-9)
+    # What the mean rests on: an activation's needs the distribution (the normal model);
+    # every other step's is the batch norm's mean by linearity, so the shift must hold
+    # for another distribution with that mean too (uniform here).
+    assert found["basis"] == ("normal" if op in MODELED_MEANS else "linear"), (op, found)
+    if found["basis"] == "linear":
+        expected, error = monte_carlo_shift(case, uniform=True)
+        np.testing.assert_array_less(np.abs(found["shift"] - expected), 5 * error + 1e-9)
 
 
 @pytest.mark.parametrize("key", sorted(MEAN_REFUSED), ids=lambda k: f"{k[0].split('.')[-1]}-{k[1]}")

@@ -471,6 +471,74 @@ def conv_mean(text: str, mean_image: np.ndarray, error: np.ndarray) -> np.ndarra
     return z.reshape(-1, z.shape[-1]).mean(axis=0)
 
 
+SPREAD = """
+func.func @main(%x: tensor<{n}x1x1x{c}xf64>) -> tensor<{n}x1x1x{out}xf64> {{
+  %k1 = stablehlo.constant dense<1.0> : tensor<1x1x1x{c}xf64>
+  %y0 = stablehlo.convolution(%x, %k1) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = {c} : i64}} : (tensor<{n}x1x1x{c}xf64>, tensor<1x1x1x{c}xf64>) -> tensor<{n}x1x1x{c}xf64>
+  %g = stablehlo.constant dense<{gamma}> : tensor<{c}xf64>
+  %b = stablehlo.constant dense<{beta}> : tensor<{c}xf64>
+  %m = stablehlo.constant dense<{mean}> : tensor<{c}xf64>
+  %v = stablehlo.constant dense<{var}> : tensor<{c}xf64>
+{norm}
+  %zero = stablehlo.constant dense<0.0> : tensor<{n}x1x1x{c}xf64>
+  %r = stablehlo.maximum %y, %zero : tensor<{n}x1x1x{c}xf64>
+  %k2 = stablehlo.constant dense<{k2}> : tensor<1x1x{c}x{out}xf64>
+  %z = stablehlo.convolution(%r, %k2) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {{}} {{batch_group_count = 1 : i64, feature_group_count = 1 : i64}} : (tensor<{n}x1x1x{c}xf64>, tensor<1x1x{c}x{out}xf64>) -> tensor<{n}x1x1x{out}xf64>
+  return %z : tensor<{n}x1x1x{out}xf64>
+}}
+"""
+
+
+SPREAD_NORMS = {
+    "batch_norm_inference": '  %y = "stablehlo.batch_norm_inference"(%y0, %g, %b, %m, %v) {{epsilon = '
+    '1.0e-03 : f32, feature_index = 3 : i64}} : ({t}, tensor<{c}xf64>, tensor<{c}xf64>, '
+    'tensor<{c}xf64>, tensor<{c}xf64>) -> {t}',
+    # Flax's spelling: (y - mean) * (gamma * rsqrt(var + eps)) + beta
+    "decomposed": """  %mb = stablehlo.broadcast_in_dim %m, dims = [3] : (tensor<{c}xf64>) -> {t}
+  %centered = stablehlo.subtract %y0, %mb : {t}
+  %eps = stablehlo.constant dense<1.0e-03> : tensor<{c}xf64>
+  %ve = stablehlo.add %v, %eps : tensor<{c}xf64>
+  %inv = stablehlo.rsqrt %ve : tensor<{c}xf64>
+  %s = stablehlo.multiply %g, %inv : tensor<{c}xf64>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<{c}xf64>) -> {t}
+  %scaled = stablehlo.multiply %centered, %sb : {t}
+  %bb = stablehlo.broadcast_in_dim %b, dims = [3] : (tensor<{c}xf64>) -> {t}
+  %y = stablehlo.add %scaled, %bb : {t}""",
+}
+
+
+@pytest.mark.parametrize("form", sorted(SPREAD_NORMS))
+def test_bias_correction_uses_the_spread_the_statistics_imply(form):
+    """A batch norm whose statistics are (mean, var) sees inputs N(mean, var): its output
+    spreads gamma * sqrt(var / (var + eps)), 0.03 gamma for var 1e-6 and eps 1e-3 (issue
+    31). Judged by Monte-Carlo on XLA: inputs drawn from N(mean, var) per channel, the
+    quantized layer 2's mean output shift against the original's, with and without the
+    correction; the correction must take it back up to the samples' own noise."""
+    rng = np.random.default_rng(31)
+    c, out, n = 3, 4, 200_000
+    gamma, beta = np.array([1.0, 0.8, 1.2]), np.array([0.0, 0.1, -0.2])
+    mean, var = np.array([0.5, -1.0, 2.0]), np.array([1e-6, 1e-4, 1e-2])
+    k2 = rng.normal(0, 1, (1, 1, c, out))
+    norm = SPREAD_NORMS[form].format(t=f"tensor<{n}x1x1x{c}xf64>", c=c)
+    text = SPREAD.format(n=n, c=c, out=out, gamma=_dense(gamma)[6:-1], beta=_dense(beta)[6:-1],
+                         mean=_dense(mean)[6:-1], var=_dense(var)[6:-1], k2=_dense(k2)[6:-1],
+                         norm=norm)
+    x = (mean + np.sqrt(var) * rng.normal(0, 1, (n, 1, 1, c)))
+    (expected,) = numerics.run_xla(text, [x])
+
+    def shift(**kwargs) -> np.ndarray:
+        # per channel: layer 1's one weight per channel is exact (q = 7), layer 2 moves
+        module = bnfold.fold_source(text, options=options(
+            quantize_weights="int4", quantize_granularity="per-channel", **kwargs))
+        (actual,) = numerics.run_xla(module.serialize().decode(), [x])
+        return (actual - expected).reshape(n, out).mean(axis=0)
+
+    plain, corrected = shift(), shift(bias_correction=True)
+    assert np.all(np.abs(plain) > 1e-3), plain  # int4: a shift worth taking back
+    # the samples' noise: |W_q - W| times the spread of relu(y), over sqrt(n), is < 1e-4
+    np.testing.assert_allclose(corrected, 0.0, atol=0.02 * float(np.max(np.abs(plain))))
+
+
 def test_bias_correction_refuses_without_statistics_and_says_why():
     """The stem reads the model's input; a layer after a max pool, or after a ReLU of a
     residual sum, has no known mean: they are quantized uncorrected, with the reason
@@ -488,6 +556,64 @@ def test_bias_correction_refuses_without_statistics_and_says_why():
     assert "not applied (no-statistics)" in report.table()
     data = json.loads(report.dumps())
     assert data["quantized"][0]["bias_correction"]["applied"] is False
+
+
+MEANLESS = """
+func.func @main(%x: tensor<1x4x4x3xf32>) -> tensor<1x4x4x2xf32> {{
+  %k1 = stablehlo.constant dense<[[[[0.5, -1.0, 0.25], [1.5, 0.75, -0.5], [-0.25, 1.0, 2.0]]]]> : tensor<1x1x3x3xf32>
+  %y = stablehlo.convolution(%x, %k1) {conv} : (tensor<1x4x4x3xf32>, tensor<1x1x3x3xf32>) -> tensor<1x4x4x3xf32>
+  %m = stablehlo.constant dense<[0.3, -0.2, 0.1]> : tensor<3xf32>
+  %mb = stablehlo.broadcast_in_dim %m, dims = [3] : (tensor<3xf32>) -> tensor<1x4x4x3xf32>
+  %c = {centered}
+  %v = stablehlo.constant dense<[1.5, 0.5, 2.0]> : tensor<3xf32>
+  %eps = stablehlo.constant dense<1.0e-03> : tensor<3xf32>
+  %ve = stablehlo.add %v, %eps : tensor<3xf32>
+  %inv = stablehlo.rsqrt %ve : tensor<3xf32>
+  %g = stablehlo.constant dense<[1.0, 0.8, 1.2]> : tensor<3xf32>
+  %s = stablehlo.multiply %inv, %g : tensor<3xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<3xf32>) -> tensor<1x4x4x3xf32>
+  %n = stablehlo.multiply %c, %sb : tensor<1x4x4x3xf32>
+  %b = stablehlo.constant dense<[0.5, -0.1, 0.2]> : tensor<3xf32>
+  %bb = stablehlo.broadcast_in_dim %b, dims = [3] : (tensor<3xf32>) -> tensor<1x4x4x3xf32>
+  %o = stablehlo.add %n, %bb : tensor<1x4x4x3xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<1x4x4x3xf32>
+  %r = stablehlo.maximum %o, %zero : tensor<1x4x4x3xf32>
+  %k2 = stablehlo.constant dense<[[[[0.3, -0.7], [1.1, 0.2], [-0.4, 0.9]]]]> : tensor<1x1x3x2xf32>
+  %z = stablehlo.convolution(%r, %k2) {conv} : (tensor<1x4x4x3xf32>, tensor<1x1x3x2xf32>) -> tensor<1x4x4x2xf32>
+  return %z : tensor<1x4x4x2xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize("centered", [True, False], ids=["with-mean", "without-mean"])
+def test_a_batch_norm_without_a_mean_states_no_mean_and_says_so(centered):
+    """`y * rsqrt(var + eps) * gamma + c` folds, but says nothing of its output's mean: c is
+    beta for a zero mean, or beta - mean * gamma * rsqrt(var + eps) where an exporter merged
+    them -- the same constants. The layer after it is quantized uncorrected, and the report
+    names the batch norm without a mean (not 'no folded batch norm'); with `y - mean` first,
+    the same module is corrected."""
+    text = MEANLESS.format(conv=STACK_CONV, centered="stablehlo.subtract %y, %mb : "
+                           "tensor<1x4x4x3xf32>" if centered else
+                           "stablehlo.convert %y : tensor<1x4x4x3xf32>")
+    out = bnfold.fold_source(text, options=options(quantize_weights="int4", bias_correction=True))
+    assert len(out.report.folds) == 1, out.report.table()
+    layer2 = out.report.quantized[1].bias_correction
+    if centered:
+        assert layer2["applied"], layer2
+        return
+    assert not layer2["applied"] and layer2["code"] == "no-statistics", layer2
+    assert "states no mean" in layer2["reason"] and "fold0" in layer2["reason"], layer2["reason"]
+    assert "stablehlo.convolution at" in layer2["reason"], layer2["reason"]
+
+
+def test_high_bias_absorption_names_the_batch_norm_without_a_mean():
+    """Absorption needs layer 1's pre-activation mean (beta - 3 gamma): after a batch norm
+    without a mean it is refused, and the reason says why rather than 'no batch norm'."""
+    text = MEANLESS.format(conv=STACK_CONV, centered="stablehlo.convert %y : tensor<1x4x4x3xf32>")
+    report = bnfold.fold_source(text, options=options(equalize=True, absorb_high_bias=True)).report
+    (link,) = report.equalized[0].high_bias
+    assert not link["absorbed"] and link["code"] == "no-statistics", link
+    assert "layer 1: the batch norm folded into it (fold0) states no mean" in link["reason"], link
 
 
 # --- the measured gain ----------------------------------------------------------------------------
@@ -516,6 +642,155 @@ def test_bias_correction_raises_the_output_sqnr_of_a_calibrated_mobilenet(mobile
                        bias_correction=True)
     assert plain > 15.0  # equalization did its part
     assert corrected_ > plain + 0.5, (plain, corrected_)  # measured: 21.5 -> 22.6 dB
+
+
+def _biases(text: str) -> list[np.ndarray]:
+    """The constant each producer's bias add puts after it (float64), in program order."""
+    context, module = support.parse(text)
+    found = []
+    with context:
+        for op in _producers(module):
+            (use,) = list(op.results[0].uses)
+            add = use.owner if isinstance(use.owner, bir.ir.Operation) else use.owner.operation
+            assert add.name == "stablehlo.add", add
+            (value,) = [v for v in add.operands if v != op.results[0]]
+            while _constant(value) is None:
+                value = _defining(value).operands[0]  # broadcast_in_dim, reshape
+            found.append(np.asarray(_constant(value), np.float64).reshape(-1))
+    return found
+
+
+def _assumed_input_means(net: quantnet.Net, n: int, rng) -> list[np.ndarray | None]:
+    """Per producer in program order, the mean of its input per channel over `n` samples
+    drawn from what the correction assumes: each batch norm's pre-activation N(beta,
+    gamma^2 var / (var + eps)) per channel, through the network's own ops (ReLU6,
+    residual sums, the mean pool's sum) in numpy. None for the stem (the model's input)."""
+    def out(conv: quantnet.Conv) -> np.ndarray:
+        spread = np.abs(conv.gamma) * np.sqrt(conv.var / (conv.var + quantnet.EPS))
+        z = conv.beta + spread * rng.standard_normal((n, conv.beta.size))
+        return np.clip(z, 0.0, 6.0) if conv.relu6 else z
+
+    means: list[np.ndarray | None] = [None]
+    y = out(net.stem)
+    for expand, depthwise, project, residual in net.blocks:
+        z = y
+        if expand is not None:
+            means.append(z.mean(axis=0))
+            z = out(expand)
+        means.append(z.mean(axis=0))
+        z = out(depthwise)
+        means.append(z.mean(axis=0))
+        z = out(project)
+        y = y + z if residual else z
+    means.append(y.mean(axis=0))
+    means.append(out(net.head).mean(axis=0))  # the mean pool: times its taps below
+    return means
+
+
+def _data_input_means(net: quantnet.Net, xs: np.ndarray) -> list[np.ndarray | None]:
+    """Per producer in program order, its float input averaged over the inputs `xs` (the
+    network's own forward pass in float64 on XLA): an image per convolution, a vector for
+    the dense layer (the mean pool's sum). None for the stem."""
+    import jax
+    import jax.numpy as jnp
+
+    found: list[np.ndarray | None] = [None]
+
+    def layer(conv: quantnet.Conv, x: jax.Array) -> jax.Array:
+        found.append(np.asarray(jnp.mean(x, axis=0, keepdims=True)))
+        return quantnet._layer(conv, x)
+
+    with jax.enable_x64():
+        y = quantnet._layer(net.stem, jnp.asarray(xs, jnp.float64))
+        for expand, depthwise, project, residual in net.blocks:
+            z = layer(expand, y) if expand is not None else y
+            z = layer(project, layer(depthwise, z))
+            y = y + z if residual else z
+        head = layer(net.head, y)
+        found.append(np.asarray(jnp.mean(jnp.sum(head, axis=(1, 2)), axis=0)))
+    return found
+
+
+@pytest.mark.parametrize("source", ["assumed", "data"])
+def test_each_corrected_layer_takes_back_its_own_shift(source):
+    """Issue 31: for every corrected layer of the calibrated MobileNet, its own mean
+    output shift, (W_q - W) x averaged over inputs x and over the output positions (XLA:
+    the convolution of the mean input image with the error kernel, zero padding
+    included), must go down once the corrected bias is in (the bias the corrected module
+    adds minus the plain one's). `assumed`: x drawn from the statistics the correction
+    assumed (numpy through the network's ops), which it must take back up to the
+    samples' noise; `data`: x the layer's float input on 64 inputs from the distribution
+    the batch norms were calibrated on, where the normal model is an approximation.
+    Per-tensor int8 without equalization: the kernels and statistics are the network's."""
+    import jax
+    import jax.numpy as jnp
+
+    net = quantnet.mobilenet(seed=0)
+    text = net.stablehlo(batch=1)
+    plain = bnfold.fold_source(text, options=options(quantize_weights="int8"))
+    corrected = bnfold.fold_source(text, options=options(quantize_weights="int8",
+                                                         bias_correction=True))
+    plain_text, corrected_text = plain.serialize().decode(), corrected.serialize().decode()
+    floats = float_kernels(bnfold.fold_source(text).serialize().decode())
+    quantized = quantized_kernels(plain_text)
+    taken = [p - c for p, c in zip(_biases(plain_text), _biases(corrected_text), strict=True)]
+    means = _assumed_input_means(net, 50_000, np.random.default_rng(31)) \
+        if source == "assumed" else _data_input_means(net, quantnet.inputs(7, 64))
+    convs = [net.stem] + [c for e, d, p, _ in net.blocks for c in (e, d, p) if c is not None] \
+        + [net.head]
+    context, module = support.parse(plain_text)
+    with context:
+        shapes = [tuple(bir.ir.RankedTensorType(op.operands[0].type).shape)
+                  for op in _producers(module)]
+        (reduce_,) = [_defining(op.operands[0]) for op in _producers(module)][-1:]
+        assert reduce_.name == "stablehlo.reduce"  # the dense reads the sum of the pool
+        taps = int(np.prod(bir.ir.RankedTensorType(reduce_.operands[0].type).shape[1:3]))
+    assert len(floats) == len(quantized) == len(means) == len(convs) + 1
+    rows = []
+    for k, ((_, _, kernel), (q, scale, _)) in enumerate(zip(floats, quantized, strict=True)):
+        if means[k] is None:
+            assert not np.any(taken[k]), "the stem reads the model's input"
+            continue
+        error = (q.astype(np.float32) * np.float32(scale)).astype(np.float64) - kernel
+        if k < len(convs):
+            conv = convs[k]
+            image = np.broadcast_to(means[k], (1, *shapes[k][1:]))  # per position: data
+            with jax.enable_x64():
+                y = jax.lax.conv_general_dilated(
+                    jnp.asarray(image), jnp.asarray(error), (conv.stride, conv.stride), "SAME",
+                    dimension_numbers=("NHWC", "HWIO", "NHWC"), feature_group_count=conv.groups)
+            shift = np.asarray(y).reshape(-1, error.shape[-1]).mean(axis=0)
+        else:
+            shift = (means[k] * (taps if source == "assumed" else 1)) @ error
+        before = float(np.sqrt(np.mean(shift ** 2)))
+        after = float(np.sqrt(np.mean((shift - taken[k]) ** 2)))
+        rows.append((k, before, after))
+    assert len(rows) == len(floats) - 1  # every layer but the stem is corrected
+    # What each E[x] rests on: an expand or head convolution reads a projection (or a
+    # residual sum of them) -- the batch norms' means, by linearity; the others read a
+    # ReLU6 (the depthwise after block 0's stem too), whose mean is the normal model's.
+    expands = {id(e) for e, _, _, _ in net.blocks if e is not None}
+    linear = [id(conv) in expands or conv is net.head for conv in convs]
+    bases = [q.bias_correction.get("basis") for q in corrected.report.quantized]
+    assert bases == [None] + ["linear" if x else "normal" for x in linear[1:]] + ["normal"], bases
+    if source == "assumed":  # the samples' own noise is a few 1e-3 of the shift
+        assert all(after < 0.05 * before for _, before, after in rows), rows
+    else:  # measured: 2-31% of the uncorrected shift is left
+        assert all(after < before for _, before, after in rows), rows
+
+
+def test_the_corrections_lower_the_mean_output_shift_of_the_calibrated_mobilenet(mobilenet):
+    """End to end on XLA, per-tensor int8 after equalization: the mean over the inputs of
+    the output error (quantized minus float, per class) goes down with the correction."""
+    text, xs, expected = mobilenet
+    shifts = []
+    for correct in (False, True):
+        module = bnfold.fold_source(text, options=options(
+            equalize=True, quantize_weights="int8", bias_correction=correct))
+        actual = numerics.run_xla(module.serialize().decode(), [xs])[0]
+        shift = np.mean(np.asarray(actual, np.float64) - expected, axis=0)
+        shifts.append(float(np.sqrt(np.mean(shift ** 2))))
+    assert shifts[1] < 0.9 * shifts[0], shifts  # measured: 1.56e-2 -> 1.27e-2
 
 
 # --- the walk back to the batch norms: its limits and what it names --------------------------
@@ -584,6 +859,34 @@ def test_bias_correction_stops_at_its_depth_limit_and_says_so():
     found = _corrections(stack_module(2, "\n".join(chain)))
     assert not found[1]["applied"] and found[1]["code"] == "limit", found[1]
     assert "more than 160 ops" in found[1]["reason"]
+
+
+def _layer2(text: str) -> tuple[dict, np.ndarray]:
+    out = bnfold.fold_source(text, options=options(quantize_weights="int8", bias_correction=True))
+    layer2 = out.report.quantized[1]
+    assert layer2.bias_correction["applied"], layer2.bias_correction
+    return layer2.bias_correction, layer2.params["bias_shift"]
+
+
+def test_what_a_mean_rests_on_survives_layout_scales_and_sums():
+    """Between layer 1's ReLU6 and layer 2: two transposes keep the activation's mean (the
+    normal model's); ReLU6 plus half its own |.| is a sum of two values (no longer a
+    clipped normal) whose mean is still exact by linearity: 1.5 E[relu6]. Layer 2's kernel
+    is quantized the same way in each module, so its shift is linear in E[x]
+    (E[(W_q - W) x] = (W_q - W) E[x]): the same shift, and 1.5 times it."""
+    plain, shift = _layer2(stack_module(2))
+    swap = "dims = [0, 2, 1, 3] : (T) -> T"
+    moved, moved_shift = _layer2(stack_module(2, f"  %a = stablehlo.transpose %in, {swap}\n"
+                                                  f"  %out = stablehlo.transpose %a, {swap}"))
+    half = "stablehlo.constant dense<0.5> : T"
+    summed, summed_shift = _layer2(stack_module(2, "  %a = stablehlo.abs %in : T\n"
+                                                   f"  %h = {half}\n"
+                                                   "  %s = stablehlo.multiply %a, %h : T\n"
+                                                   "  %out = stablehlo.add %in, %s : T"))
+    assert plain["basis"] == moved["basis"] == "normal", (plain, moved)
+    assert summed["basis"] == "normal", summed  # the sum of two activations' means
+    np.testing.assert_allclose(moved_shift, shift, rtol=1e-12)
+    np.testing.assert_allclose(summed_shift, 1.5 * shift, rtol=1e-6)
 
 
 def test_bias_correction_names_the_op_it_cannot_see_through():

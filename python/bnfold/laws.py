@@ -167,15 +167,22 @@ class Normal:
 class Moments:
     """Per channel along `axis`: the mean of a value (over inputs and positions), and its
     distribution while it is a clipped normal (`normal`); None once a pool or a sum of two
-    branches made it something else (its mean is still known)."""
+    branches made it something else (its mean is still known).
+
+    `modeled`: what the mean rests on. False: the batch norms' means carried by linear
+    steps (sums, scales, layout, sum pools), exact whatever the distributions are, given
+    the statistics. True: an activation's mean (ReLU, ReLU6, |x|, a thresholded select),
+    which needs the distribution itself: exact for the normal model of a batch norm's
+    pre-activation, approximate as far as the data is not normal."""
 
     axis: int
     mean: np.ndarray
     normal: Normal | None = None
+    modeled: bool = False
 
     @classmethod
     def of(cls, axis: int, normal: Normal) -> Moments:
-        return cls(axis, normal.mean(), normal)
+        return cls(axis, normal.mean(), normal, not normal.unbounded)
 
 
 class MeanEnv(Protocol):
@@ -810,9 +817,9 @@ def _add_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
         assert isinstance(a, Moments)
         if a.normal is not None:
             return Moments.of(a.axis, a.normal.affine(1.0 + sign, 0.0))
-        return Moments(a.axis, a.mean * (1.0 + sign))
+        return Moments(a.axis, a.mean * (1.0 + sign), modeled=a.modeled)
     if isinstance(a, Moments) and isinstance(b, Moments):
-        return Moments(a.axis, a.mean + sign * b.mean)
+        return Moments(a.axis, a.mean + sign * b.mean, modeled=a.modeled or b.modeled)
     if isinstance(a, Moments):
         assert isinstance(b, np.ndarray)
         return _affine(a, 1.0, sign * b)
@@ -823,7 +830,7 @@ def _add_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
 def _affine(x: Moments, a: np.ndarray | float, b: np.ndarray | float) -> Moments:
     if x.normal is not None:
         return Moments.of(x.axis, x.normal.affine(a, b))
-    return Moments(x.axis, np.asarray(a) * x.mean + b)
+    return Moments(x.axis, np.asarray(a) * x.mean + b, modeled=x.modeled)
 
 
 def _extremum_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
@@ -909,7 +916,7 @@ def _select_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
             _, chance = partial_mean(normal.mu, normal.sigma, threshold, taken)
             part = c * chance
         mean = mean + part
-    return Moments(x.axis, mean)
+    return Moments(x.axis, mean, modeled=True)
 
 
 def _by_constant_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
@@ -946,7 +953,7 @@ def _abs_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
     zero, inf = np.zeros_like(x.mean), np.full_like(x.mean, np.inf)
     positive = normal.clip(zero, inf).mean()
     negative = normal.affine(-1.0, 0.0).clip(zero, inf).mean()
-    return Moments(x.axis, positive + negative)
+    return Moments(x.axis, positive + negative, modeled=True)
 
 
 def _convert_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
@@ -964,7 +971,7 @@ def _layout_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
     moved = _layout_axis(op, x.axis)
     if isinstance(moved, Refusal):
         return moved
-    return Moments(moved, x.mean, x.normal)
+    return Moments(moved, x.mean, x.normal, x.modeled)
 
 
 def _pad_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
@@ -999,7 +1006,7 @@ def _pool_mean(op: ir.Operation, env: MeanEnv) -> Moments | Refusal:
     if found.padded:
         return Refusal(Code.PADDING, "a sum pool that reads padding: border windows sum fewer "
                                      "values")
-    return Moments(_pool_axis(op, x.axis), x.mean * found.taps)
+    return Moments(_pool_axis(op, x.axis), x.mean * found.taps, modeled=x.modeled)
 
 
 # --- the table ------------------------------------------------------------------------------

@@ -45,28 +45,42 @@ class Statistics:
 
         %y = stablehlo.convolution(%x, %k)        // mean - offset, spread
         %b = stablehlo.add %y, %offset_b          // mean, spread (the batch norm's beta, |gamma|)
+
+    `spread` is the batch norm's `|gamma|` (a bound: ranges and high-bias absorption
+    use it); `deviation` is the standard deviation its statistics imply, `|gamma| *
+    sqrt(var / (var + eps))` (never larger; None: the spread), which a mean through an
+    activation needs (`deviation_at_result`).
     """
 
     mean: np.ndarray
     spread: np.ndarray
     offset: np.ndarray | None
+    deviation: np.ndarray | None = None
 
     def scaled(self, factor: np.ndarray) -> Statistics:
         """The statistics once the result and its bias are times a positive per-channel
         `factor` (equalization)."""
         return Statistics(self.mean * factor, self.spread * np.abs(factor),
-                          None if self.offset is None else self.offset * factor)
+                          None if self.offset is None else self.offset * factor,
+                          None if self.deviation is None else self.deviation * np.abs(factor))
 
     def shifted(self, pre_activation: np.ndarray, result: np.ndarray | None) -> Statistics:
         """The statistics once the pre-activation moved by `pre_activation` and the result
         by `result` (per channel; None: by an amount that varies over positions)."""
         offset = None if self.offset is None or result is None else \
             self.offset + pre_activation - result
-        return Statistics(self.mean + pre_activation, self.spread, offset)
+        return Statistics(self.mean + pre_activation, self.spread, offset, self.deviation)
 
     def at_result(self) -> tuple[np.ndarray, np.ndarray] | None:
         """(mean, spread) of the producer's result, or None when it varies over positions."""
         return None if self.offset is None else (self.mean - self.offset, self.spread)
+
+    def deviation_at_result(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """(mean, standard deviation) of the producer's result, or None when its mean
+        varies over positions."""
+        found = self.at_result()
+        return None if found is None else \
+            (found[0], self.spread if self.deviation is None else self.deviation)
 
 
 class Ledger:
@@ -93,6 +107,7 @@ class Ledger:
         # each forward fold and the producer it built (merge-bias looks after them)
         self.forward_producers: list[tuple[Fold, ir.Operation]] = []
         self._statistics: dict[Handle, Statistics] = {}
+        self._no_statistics: dict[Handle, str] = {}  # why a folded batch norm gave none
         self.quantize = False
         self.quantized: list[Quantized] = []
         self._not_quantized: list[Skip] = []
@@ -173,6 +188,13 @@ class Ledger:
     def set_statistics(self, producer: ir.Operation, statistics: Statistics) -> None:
         self._statistics[self._rewriter.handle(producer)] = statistics
 
+    def no_statistics(self, producer: ir.Operation) -> str | None:
+        """Why the batch norm folded into `producer` says nothing of its output, if known."""
+        return self._no_statistics.get(self._rewriter.handle(producer))
+
+    def set_no_statistics(self, producer: ir.Operation, reason: str) -> None:
+        self._no_statistics[self._rewriter.handle(producer)] = reason
+
     def folds_of(self, producer: ir.Operation) -> list[Fold]:
         """The folds `producer` (or the op it replaced) absorbed."""
         return self._absorbed.get(self._rewriter.handle(producer), [])
@@ -226,6 +248,8 @@ class Ledger:
             self._absorbed.setdefault(successor, []).extend(self._absorbed.pop(old))
         if old in self._statistics and successor not in self._statistics:
             self._statistics[successor] = self._statistics.pop(old)
+        if old in self._no_statistics and successor not in self._no_statistics:
+            self._no_statistics[successor] = self._no_statistics.pop(old)
 
     def on_change(self) -> None:
         pass

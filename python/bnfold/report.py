@@ -134,7 +134,9 @@ class Quantized:
     storage: str  # the integer type of the stored constant: "i4", "i8" or "i16"
     axis: int  # the kernel axis of output channels (the per-channel scales' axis)
     weight_sqnr_db: float  # 10 log10(sum W^2 / sum (W_q - W)^2) against the float weight
-    # {"applied": true, "channels": n, "max_shift": x, "mean_shift": y} or
+    # {"applied": true, "channels": n, "max_shift": x, "mean_shift": y, "basis": "linear"
+    # (E[x] is the batch norms' means through linear steps) or "normal" (an activation's
+    # mean under the normal model of a batch norm's pre-activation)} or
     # {"applied": false, "code": ..., "reason": ...}; None without --bias-correction
     bias_correction: dict[str, Any] | None = None
     # "scale": one value per tensor or per output channel; "bias_shift": the expected
@@ -500,7 +502,8 @@ def _correction_text(correction: dict[str, Any] | None) -> str:
     if correction is None:
         return "-"
     if correction["applied"]:
-        return f"{correction['channels']} channels, max |shift| {correction['max_shift']:.3g}"
+        return (f"{correction['channels']} channels, max |shift| {correction['max_shift']:.3g}"
+                f" ({correction.get('basis', 'linear')})")
     return f"not applied ({correction['code']}): {correction['reason']}"
 
 

@@ -276,7 +276,7 @@ def _result_bound(steps: list[Step], fit: Affine, analysis: Analysis) -> np.ndar
         if params is not None else None
     if output is None:
         return None
-    mean, spread = output  # of the chain's output y * s + t
+    mean, spread, _ = output  # of the chain's output y * s + t
     return np.abs(mean - fit.shift) + precision.RANGE_SIGMAS * spread
 
 
@@ -422,9 +422,15 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
                 fold.params.update(statistics.recover(steps, plan.affine, evaluator) or {})
             output = statistics.pre_activation(steps, plan.affine, fold.params, evaluator)
             if output is not None:
+                mean, spread, deviation = output
                 for producer in applied.producers:
                     # The fold's shift is the bias it adds after the producer.
-                    ctx.ledger.set_statistics(producer, Statistics(*output, plan.affine.shift))
+                    ctx.ledger.set_statistics(producer, Statistics(
+                        mean, spread, plan.affine.shift, deviation))
+            elif fold.kind == "normalization" and "mean" not in fold.params and \
+                    statistics.states_no_mean(steps, plan.affine, evaluator):
+                for producer in applied.producers:
+                    ctx.ledger.set_no_statistics(producer, statistics.NO_MEAN.format(fold.id))
         rest = list(plan.chain.steps[len(steps):]) if plan.chain is not None else []
         if plan.rest_reason is not None and affine.looks_like_normalization(rest):
             note(ctx, rest, backward=plan.rest_reason)

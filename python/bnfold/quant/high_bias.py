@@ -300,6 +300,8 @@ class _ShiftEnv:
 def plan(ctx: Context, found: Roles) -> Plan | Refusal:
     """c per channel, the new constants, and c as it reaches layer 2's output."""
     stats = ctx.ledger.statistics(found.link.first)
+    if stats is None and (why := ctx.ledger.no_statistics(found.link.first)) is not None:
+        return Refusal(Code.NO_STATISTICS, f"layer 1: {why}")
     if stats is None:
         return Refusal(Code.NO_STATISTICS,
                        "layer 1 has no batch-norm statistics (it did not absorb a recognisable "

@@ -2,13 +2,14 @@
 
 A walk back from the value a layer reads, through each op by its mean law
 (`bnfold.laws`), to the producers whose folded batch norm says what their
-output looks like: a folded batch norm's pre-activation is N(beta, gamma^2)
-per channel (`ledger.Statistics`, as equalization and high-bias absorption
-left it), so the producer's own result is N(mean - offset, spread^2).
+output looks like: a folded batch norm's pre-activation is N(beta, gamma^2 var
+/ (var + eps)) per channel (`ledger.Statistics`: the mean as equalization and
+high-bias absorption left it, the standard deviation its statistics imply), so
+the producer's own result is N(mean - offset, deviation^2).
 MobileNetV2's inverted residual, read backwards from the last convolution:
 
-    %c1 = stablehlo.convolution(%x, %k1)       N(mean1 - offset1, spread1^2)  (statistics)
-    %b1 = stablehlo.add %c1, %bias1_b          N(mean1, spread1^2)            (+ a constant)
+    %c1 = stablehlo.convolution(%x, %k1)       N(mean1 - offset1, dev1^2)     (statistics)
+    %b1 = stablehlo.add %c1, %bias1_b          N(mean1, dev1^2)               (+ a constant)
     %r1 = stablehlo.clamp %zero, %b1, %six     E[clip(N, 0, 6)]               (clipped normal)
     %c2 = stablehlo.convolution(%r1, %k2)      <- E[x] of this layer: the clamp's mean
     %s  = stablehlo.add %c3b, %skip            E[a] + E[b]                    (a residual sum)
@@ -93,10 +94,12 @@ class Walk:
 
     def _producer(self, op: ir.Operation) -> Moments | Refusal:
         stats = self.ctx.ledger.statistics(op)
+        if stats is None and (why := self.ctx.ledger.no_statistics(op)) is not None:
+            return Refusal(Code.NO_STATISTICS, f"{_where(op)}: {why}")
         if stats is None:
             return Refusal(Code.NO_STATISTICS, f"{_where(op)} has no batch-norm statistics (no "
                                                "folded batch norm describes its output)")
-        at = stats.at_result()
+        at = stats.deviation_at_result()
         if at is None:
             return Refusal(Code.NO_STATISTICS, f"{_where(op)}: its mean varies over positions "
                                                "(high-bias absorption corrected its borders)")

@@ -32,6 +32,14 @@ from bnfold.graph import defining_op
 from bnfold.ir import ir
 
 _MAX_DEPTH = 12
+
+# A variance under `rsqrt` and no mean: `y * rsqrt(var + eps) * gamma + c`. That is a batch
+# norm of mean 0 when c is its beta, and of any mean m when c is beta - m * gamma *
+# rsqrt(var + eps) (an exporter that merged the two constants): the same constants either
+# way, so the mean of the chain's output is not stated, and nothing assumes one.
+NO_MEAN = ("the batch norm folded into it ({}) states no mean (y * rsqrt(var + eps) * gamma "
+           "+ c: c is beta for a zero mean, or beta - mean * gamma * rsqrt(var + eps) where an "
+           "exporter merged them), so the mean of its output is unknown")
 _PASS_THROUGH = ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert",
                  "stablehlo.transpose", "stablehlo.multiply", "stablehlo.divide",
                  "stablehlo.dynamic_broadcast_in_dim",
@@ -44,7 +52,28 @@ def recover(steps: list[Step], fit: Affine, evaluator: Evaluator) -> dict[str, n
     Additive steps before the mean subtraction (a convolution's own bias) are
     part of the batch norm's input: `beta = t + s * (mean - bias)`.
     """
-    channels = fit.channels
+    parts = _parts(steps, evaluator, fit.channels)
+    if parts is None:
+        return None
+    bias, mean, variance = parts
+    if variance is None or mean is None:
+        return None
+    var, eps = variance
+    return {"gamma": fit.scale * np.sqrt(var + eps), "beta": fit.shift + fit.scale * (mean - bias),
+            "mean": mean, "variance": var, "epsilon": eps}
+
+
+def states_no_mean(steps: list[Step], fit: Affine, evaluator: Evaluator) -> bool:
+    """Whether the chain reads as a batch norm whose variance is there and whose mean is
+    not: `y * rsqrt(var + eps) * gamma + c` (`NO_MEAN`)."""
+    parts = _parts(steps, evaluator, fit.channels)
+    return parts is not None and parts[1] is None and parts[2] is not None
+
+
+def _parts(steps: list[Step], evaluator: Evaluator, channels: int
+           ) -> tuple[np.ndarray, np.ndarray | None, tuple[np.ndarray, np.ndarray] | None] | None:
+    """The bias before the normalization, its mean and its (variance, epsilon), each None
+    where the chain does not show it; None when the leading steps are not recognisable."""
     variance: tuple[np.ndarray, np.ndarray] | None = None
     leading = _leading(steps, evaluator, channels)
     if leading is None:
@@ -59,20 +88,20 @@ def recover(steps: list[Step], fit: Affine, evaluator: Evaluator) -> dict[str, n
                     variance = _variance(op, evaluator, channels)
                 if mean is None and op.name == "stablehlo.negate":
                     mean = _vector(op.operands[0], evaluator, channels)
-    if variance is None or mean is None:
-        return None
-    var, eps = variance
-    return {"gamma": fit.scale * np.sqrt(var + eps), "beta": fit.shift + fit.scale * (mean - bias),
-            "mean": mean, "variance": var, "epsilon": eps}
+    return bias, mean, variance
 
 
 def pre_activation(steps: list[Step], fit: Affine, params: dict[str, np.ndarray],
-                   evaluator: Evaluator) -> tuple[np.ndarray, np.ndarray] | None:
-    """(mean, spread) per channel of the chain's output `y = x * s + t`, or None.
+                   evaluator: Evaluator) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(mean, spread, deviation) per channel of the chain's output `y = x * s + t`, or None.
 
     The batch norm saw `x + bias` (the adds before it) with mean `mean` and
-    variance `var`, so `E[y] = t + s * (mean - bias)` and its spread is
-    `|s| * sqrt(var + eps)`: `beta` and `|gamma|` for a batch norm alone.
+    variance `var`, so `E[y] = t + s * (mean - bias)`, and its standard
+    deviation is `|s| * sqrt(var)` (`deviation`: `|gamma| * sqrt(var / (var +
+    eps))` for a batch norm alone, 0.03 |gamma| for var 1e-6, eps 1e-3). The
+    `spread` `|s| * sqrt(var + eps)` (`|gamma|` alone) is never smaller: the
+    bound that ranges and high-bias absorption keep (the deviation is what a
+    mean through an activation needs).
     None when the statistics are missing or a step other than an add or a
     layout change comes before the batch norm (its statistics would not
     describe `x`)."""
@@ -97,7 +126,8 @@ def pre_activation(steps: list[Step], fit: Affine, params: dict[str, np.ndarray]
             return None
         bias = leading[0]
     spread = np.abs(fit.scale) * np.sqrt(params["variance"] + params["epsilon"])
-    return fit.shift + fit.scale * (params["mean"] - bias), spread
+    deviation = np.abs(fit.scale) * np.sqrt(np.maximum(params["variance"], 0.0))
+    return fit.shift + fit.scale * (params["mean"] - bias), spread, deviation
 
 
 def _leading(steps: list[Step], evaluator: Evaluator, channels: int

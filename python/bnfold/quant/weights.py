@@ -100,6 +100,7 @@ class Correction:
     out_axis: int  # the result's axis of output channels
     merge: BiasAdds | None
     bias: np.ndarray  # the new bias: the merged adds' sum minus `shift`
+    modeled: bool = False  # E[x] needed the normal model (an activation's mean): `Moments`
 
 
 @dataclass(frozen=True)
@@ -278,7 +279,8 @@ def correct_bias(ctx: Context, found: Layer, values: np.ndarray, weights: Weight
     dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
     if dtype is not None and (problem := precision.check_bias(bias, dtype, "the corrected bias")):
         return problem
-    return Correction(shift, out_axis, merge, np.asarray(bias, dtype=np.float64))
+    return Correction(shift, out_axis, merge, np.asarray(bias, dtype=np.float64),
+                      moments.modeled)
 
 
 def _absorbed_padding(op: ir.Operation, pad: ir.Operation, ctx: Context
@@ -374,7 +376,8 @@ def _record(ctx: Context, p: Plan, copy: ir.Operation) -> Quantized:
         shift = p.correction.shift
         correction = {"applied": True, "channels": int(np.count_nonzero(shift)),
                       "max_shift": float(np.max(np.abs(shift))) if shift.size else 0.0,
-                      "mean_shift": float(np.mean(np.abs(shift))) if shift.size else 0.0}
+                      "mean_shift": float(np.mean(np.abs(shift))) if shift.size else 0.0,
+                      "basis": "normal" if p.correction.modeled else "linear"}
         params["bias_shift"] = shift.copy()
         stats = ledger.statistics(copy)
         if stats is not None:  # the result moved by the shift, the bias took it back
