@@ -437,3 +437,35 @@ def test_a_kernel_computed_from_a_vector_is_quantized_per_weight(granularity):
     zero = quantize(BROADCAST_KERNEL.replace("[1.0, -0.3]", "[0.0, 0.0]"), 8, granularity)
     [(q0, scale0, _)] = quantized_kernels(zero.serialize().decode())
     assert not np.any(q0) and np.all(np.asarray(scale0) == 1.0)
+
+
+# --- the report and the encodings at the edges of f64 (breaker run, issue 31) ------------------
+
+
+@pytest.mark.parametrize("kernel, bits", [
+    (np.array([[1.0e-300, -3.0e-301], [7.0e-301, 2.0e-300]]), 4),  # squares underflow
+    (np.array([[np.finfo(np.float64).max, -3.0], [1.0e300, -2.5e307]]), 8),  # squares overflow
+])
+def test_weight_sqnr_and_encodings_of_extreme_f64_weights_are_finite_and_exact(kernel, bits,
+                                                                                tmp_path):
+    """The report's SQNR was inf (weights near 1e-300) or NaN (near the f64 maximum), and
+    the encodings' min was -2^(b-1) * scale (-inf at the maximum) where the module's
+    integers never go below -(2^(b-1) - 1). Judged on the integers and scale read back
+    from the output, with the sums in extended precision."""
+    src = tmp_path / "m.mlir"
+    src.write_text(conv(kernel, "f64"))
+    out, report, enc = tmp_path / "q.mlir", tmp_path / "r.json", tmp_path / "e.json"
+    assert main([str(src), "-o", str(out), "-q", f"--quantize-weights=int{bits}",
+                 "--report", str(report), "--quant-encodings", str(enc)]) == 0
+    ((q, scale, _),) = quantized_kernels(out.read_text())
+    w = np.asarray(kernel, np.longdouble).reshape(q.shape)
+    wq = np.asarray(q, np.longdouble) * np.asarray(scale, np.longdouble)
+    expected = 10 * np.log10(float(np.sum(w * w) / np.sum((wq - w) ** 2)))
+    (entry,) = json.loads(report.read_text())["quantized"]
+    assert np.isfinite(entry["weight_sqnr_db"]) and abs(entry["weight_sqnr_db"] - expected) < 1e-6
+    ((encoding,),) = json.loads(enc.read_text(), parse_constant=lambda c: pytest.fail(c)
+                                )["param_encodings"].values()
+    qmax = 2 ** (bits - 1) - 1
+    assert encoding["offset"] == -qmax and int(np.max(np.abs(q))) <= qmax
+    assert encoding["min"] == -qmax * encoding["scale"] and encoding["max"] == qmax * encoding["scale"]
+    assert np.isfinite(encoding["min"])

@@ -21,7 +21,7 @@ statistics of its output move to the successor.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, cast
 
 import numpy as np
@@ -213,9 +213,8 @@ class Ledger:
             handle = self._rewriter.handles.get(op)
             stats = self._statistics.get(handle) if handle is not None else None
             if stats is not None and not self._rewriter.is_replaced(op):
-                arrays = {"mean": stats.mean, "spread": stats.spread}
-                if stats.offset is not None:
-                    arrays["offset"] = stats.offset
+                arrays = {f.name: getattr(stats, f.name) for f in fields(Statistics)
+                          if getattr(stats, f.name) is not None}
                 op.attributes[CARRIED] = ir.DictAttr.get(
                     {k: ir.DenseElementsAttr.get(cast(Any, np.ascontiguousarray(v, np.float64)))
                      for k, v in arrays.items()})
@@ -230,11 +229,10 @@ class Ledger:
             op = op.operation
             if CARRIED in op.attributes:
                 attrs = ir.DictAttr(op.attributes[CARRIED])
-                arrays = {k: np.array(ir.DenseElementsAttr(attrs[k]), np.float64)
-                          for k in ("mean", "spread", "offset") if k in attrs}
+                arrays = {f.name: np.array(ir.DenseElementsAttr(attrs[f.name]), np.float64)
+                          for f in fields(Statistics) if f.name in attrs}
                 del op.attributes[CARRIED]
-                self.set_statistics(op, Statistics(arrays["mean"], arrays["spread"],
-                                                   arrays.get("offset")))
+                self.set_statistics(op, Statistics(**arrays))
             return ir.WalkResult.ADVANCE
 
         module.operation.walk(visit)

@@ -180,13 +180,15 @@ class Quantized:
                         if self.bias_correction is not None else {})
 
     def encoding(self) -> list[dict[str, Any]]:
-        """AIMET's encoding entries, one per tensor or per output channel: symmetric, in its
-        signed-offset convention (offset -2^(bits-1), min = offset * scale, max = (2^(bits-1)
-        - 1) * scale; bnfold's integers use [-(2^(bits-1) - 1), 2^(bits-1) - 1] of that grid)."""
-        low = 2 ** (self.bits - 1)
+        """AIMET's encoding entries, one per tensor or per output channel, in its strict
+        symmetric form: offset -qmax, min = -qmax * scale, max = qmax * scale with qmax =
+        2^(bits-1) - 1, exactly the range of the module's integers (AIMET's default signed
+        grid reaches -2^(bits-1), a value bnfold never stores, and past the type's largest
+        value for a weight at its maximum)."""
+        qmax = 2 ** (self.bits - 1) - 1
         return [{"bitwidth": self.bits, "dtype": "int", "is_symmetric": "True",
-                 "scale": float(v), "offset": -low, "min": -low * float(v),
-                 "max": (low - 1) * float(v)} for v in np.atleast_1d(self.params["scale"])]
+                 "scale": float(v), "offset": -qmax, "min": -qmax * float(v),
+                 "max": qmax * float(v)} for v in np.atleast_1d(self.params["scale"])]
 
 
 

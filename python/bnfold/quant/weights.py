@@ -195,10 +195,15 @@ def _quantized(values: np.ndarray, scale: np.ndarray, qmax: int, dtype: np.dtype
 
 
 def sqnr_db(values: np.ndarray, dequantized: np.ndarray) -> float:
-    """10 log10(sum W^2 / sum (W_q - W)^2); inf when quantization is exact."""
-    noise = float(np.sum((dequantized - values) ** 2))
-    signal = float(np.sum(values ** 2))
-    return float("inf") if noise == 0 else 10.0 * np.log10(signal / noise) if signal else 0.0
+    """10 log10(sum W^2 / sum (W_q - W)^2); inf when quantization is exact. Both sums are
+    taken relative to max |W| (f64 weights near 1e-300 or 1e308 would underflow or overflow
+    when squared)."""
+    top = float(np.max(np.abs(values), initial=0.0))
+    if top == 0 or not np.isfinite(top):
+        return float("inf") if np.array_equal(values, dequantized) else 0.0
+    noise = float(np.sum(((dequantized - values) / top) ** 2))
+    signal = float(np.sum((values / top) ** 2))
+    return float("inf") if noise == 0 else 10.0 * np.log10(signal / noise)
 
 
 # --- match and plan ------------------------------------------------------------------------------
