@@ -106,6 +106,8 @@ def _error(pipeline: str) -> list[str]:
     ("builtin.module(bnfold-fold{equalize equalize=false})", "'equalize' is given twice", 37),
     ("builtin.module(bnfold-fold{quantize-weights=int8,int4})", "takes one value", 45),
     ("builtin.module(func.func(bnfold-fold))", "bnfold's passes run on modules", 26),
+    # An MLIR pass's options are skipped as a group, quotes and all (a mutation survivor).
+    ("builtin.module(canonicalize{region-simplify=\"x),bnfold-fold)", "unterminated '\"'", 45),
 ])
 def test_pipeline_syntax_errors_point_at_their_column(pipeline, message, column):
     lines = _error(pipeline)
@@ -142,6 +144,14 @@ def test_a_quoted_skip_func_keeps_the_function():
                      "bnfold-fold{skip-func = main}"):
         text, report = _fold(f"builtin.module({pipeline})")
         assert "stablehlo.batch_norm_inference" in text and not report.folds, pipeline
+
+
+def test_an_empty_quoted_value_is_empty():
+    """`disable=""` disables nothing (a mutation survivor: a two-character value was kept
+    with its quotes, naming a pattern '""')."""
+    for pipeline in ('bnfold-fold{disable=""}', "bnfold-fold{disable=''}"):
+        text, report = _fold(f"builtin.module({pipeline})")
+        assert "stablehlo.batch_norm_inference" not in text and len(report.folds) == 1, pipeline
 
 
 def test_a_bare_flag_is_true_and_a_quoted_comma_does_not_split():
