@@ -134,11 +134,12 @@ def _commands() -> list[tuple[str, int, str, str | None]]:
 
 
 COMMANDS = _commands()
-_NUMBER = re.compile(r"\d+(\.\d+)?(e[-+]?\d+)?")
+_NUMBER = re.compile(r"\d+\.\d+(e[-+]?\d+)?")
 
 
 def _shape(text: str) -> str:
-    """A summary with its numbers blanked (times, differences vary by machine)."""
+    """A summary with its decimals blanked (times and differences vary by machine; counts
+    do not)."""
     return _NUMBER.sub("N", text)
 
 
