@@ -101,12 +101,26 @@ def test_bench_downstream_smoke(tmp_path: Path) -> None:
             assert all(isinstance(counts[k], int) for k in ("fusions", "custom_calls", "kernels"))
         # Every batch norm folded: the folded module never needs more kernels.
         assert folded["kernels"] <= original["kernels"] and folded["fusions"] <= original["fusions"]
-        # The weights became arguments: 5 per conv + BN before (kernel, mean, var,
-        # gamma, beta), 2 after (kernel, bias).
-        assert r["lifted"]["original"] == 5 * r["folds"] and r["lifted"]["folded"] == 2 * r["folds"]
+        # --lift kernels: each convolution's kernel became an argument, on both sides.
+        assert r["lifted"] == {"original": r["folds"], "folded": r["folds"]}, r
         assert r["rel_err"] < (1e-5 if r["dtype"] == "f32" else 3e-2), r
-    conv_bn = rows[0]["kernels"]
-    assert conv_bn["folded"]["kernels"] < conv_bn["original"]["kernels"], conv_bn
+
+
+def test_bench_downstream_lifts_every_parameter(tmp_path: Path) -> None:
+    """--lift all: the batch norm's vectors become arguments too: 5 per conv + BN before
+    (kernel, mean, var, gamma, beta), 2 after (kernel, bias); same outputs."""
+    out_json = tmp_path / "downstream.json"
+    proc = subprocess.run(
+        [sys.executable, str(DOWNSTREAM), str(CONV_BN), "--lift", "all", "--rounds", "1",
+         "--runs", "1", "--json", str(out_json)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "[lift all]" in proc.stdout
+    (row,) = json.loads(out_json.read_text())["rows"]
+    assert row["folds"] == 1 and row["lifted"] == {"original": 5, "folded": 2}, row
+    assert row["rel_err"] < 1e-5 and row["constants_left_in_other_functions"] == {
+        "original": 0, "folded": 0}
+    assert row["kernels"]["folded"]["kernels"] < row["kernels"]["original"]["kernels"], row
 
 
 def test_downstream_counts_kernels_of_gpu_hlo() -> None:

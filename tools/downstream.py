@@ -5,15 +5,17 @@ For each model (generated ResNet-shaped exports, or any StableHLO files given), 
 
 1. folds it with bnfold's library API (`bnfold.fold_source`);
 2. lifts the weights of the original and of the folded module into arguments of
-   `@main`: every floating-point, non-splat `stablehlo.constant` of at least
-   --lift-min-elements elements in `@main`'s body becomes a new trailing argument of
-   the same type, fed with the constant's own values. Both modules then run on the
-   same input as a deployment that passes its parameters does, XLA cannot
-   constant-fold or specialize on the weights (it would otherwise fold the original's
-   `rsqrt(var + eps) * gamma` at compile time), and the outputs stay comparable (the
-   max relative error of folded against original is reported). Splats (eps, zeros,
-   the -inf of a max pool) and integer constants stay. --weights constants compiles
-   the modules as they are instead;
+   `@main`: floating-point, non-splat `stablehlo.constant`s in `@main`'s body become
+   new trailing arguments of the same types, fed with the constants' own values, so
+   XLA cannot constant-fold or specialize on them and the outputs stay comparable (the
+   max relative error of folded against original is reported). Which constants
+   (--lift): `kernels` (default), those with two or more dimensions above 1
+   (convolution kernels, dense matrices), so per-channel vectors stay constants and XLA
+   folds the original's `rsqrt(var + eps) * gamma` at compile time, as it does for an
+   export with its weights inside; `all`, every one of two or more elements, as a
+   deployment that passes all its parameters runs (the original then computes its
+   batch-norm vectors on every call); `none`, the modules as they are. Splats (eps,
+   zeros, the -inf of a max pool) and integer constants always stay;
 3. compiles both on the local jax backend (the GPU where one is present; --platform
    picks one) and counts the kernels of the optimized HLO (`hlo_modules()`, what
    `jax.stages.Compiled.as_text()` prints): fusions, custom-calls (cuDNN convolutions,
@@ -189,9 +191,10 @@ def generated_model(workdir: Path, size: str, name: str, batch: int, dtype: str)
 # --- weights into arguments ------------------------------------------------------
 
 
-def lift_constants(module: Any, min_elements: int) -> tuple[list[Any], int]:
-    """Turns `@main`'s floating-point, non-splat constants of at least `min_elements`
-    elements into trailing arguments of the same type, in place; returns their values
+def lift_constants(module: Any, which: str) -> tuple[list[Any], int]:
+    """Turns `@main`'s floating-point, non-splat constants (`which`: "kernels", those
+    with two or more dimensions above 1; "all") into trailing arguments of the same
+    type, in place; returns their values
     (in the order of the new arguments) and how many such constants other functions
     keep (they stay constants: inline those functions to lift them too).
 
@@ -213,7 +216,7 @@ def lift_constants(module: Any, min_elements: int) -> tuple[list[Any], int]:
     values: list[Any] = []
     with module.context, ir.Location.unknown():
         for op in list(block.operations):
-            if not _liftable(op, min_elements):
+            if not _liftable(op, which):
                 continue
             values.append(np.array(elements.read_native(op.attributes["value"])))
             arg = block.add_argument(op.result.type, op.location)
@@ -227,12 +230,12 @@ def lift_constants(module: Any, min_elements: int) -> tuple[list[Any], int]:
             attrs += [ir.DictAttr.get({})] * (len(block.arguments) - len(attrs))
             main.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
         module.operation.verify()
-    kept = sum(_count_liftable(function, min_elements) for function in graph.functions(module)
+    kept = sum(_count_liftable(function, which) for function in graph.functions(module)
                if graph.symbol_name(function) != "main")
     return values, kept
 
 
-def _liftable(op: Any, min_elements: int) -> bool:
+def _liftable(op: Any, which: str) -> bool:
     from bnfold import elements
     from bnfold import ir as bir
 
@@ -240,8 +243,9 @@ def _liftable(op: Any, min_elements: int) -> bool:
     if op.operation.name != "stablehlo.constant":
         return False
     ty = elements.ranked_type(op.result.type)
-    if ty is None or not elements.is_float(ty.element_type) or \
-            math.prod(ty.shape) < max(min_elements, 2):
+    if ty is None or not elements.is_float(ty.element_type):
+        return False
+    if sum(d > 1 for d in ty.shape) < (2 if which == "kernels" else 1):
         return False
     try:
         return not ir.DenseElementsAttr(op.attributes["value"]).is_splat
@@ -249,8 +253,8 @@ def _liftable(op: Any, min_elements: int) -> bool:
         return True
 
 
-def _count_liftable(op: Any, min_elements: int) -> int:
-    return sum(_liftable(inner, min_elements) + _count_liftable(inner, min_elements)
+def _count_liftable(op: Any, which: str) -> int:
+    return sum(_liftable(inner, which) + _count_liftable(inner, which)
                for region in op.regions for block in region.blocks for inner in block.operations)
 
 
@@ -446,8 +450,8 @@ def measure(case: Case, args: argparse.Namespace) -> dict[str, Any]:
     for label, module, context in (("original", original_module, original_module.context),
                                    ("folded", folded.module, folded.context)):
         weights: list[Any] = []
-        if args.weights == "arguments":
-            weights, kept[label] = lift_constants(module, args.lift_min_elements)
+        if args.lift != "none":
+            weights, kept[label] = lift_constants(module, args.lift)
         with context:
             modules[label] = (bir.serialize(module, "bytecode"), weights)
     del original_module, folded.module
@@ -467,7 +471,7 @@ def measure(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         "model": case.model, "file": str(case.path), "batch": shape[0], "dtype": type_name,
         "input_shape": list(shape), "folds": len(folded.report.folds),
         "skipped": len(folded.report.skipped), "fold_s": round(fold_s, 3),
-        "weights": args.weights,
+        "lift": args.lift,
         "lifted": {label: len(w) for label, (_, w) in modules.items()},
         "constants_left_in_other_functions": kept,
         "kernels": {label: {k: v for k, v in e.kernels.items()} for label, e in exes.items()},
@@ -497,8 +501,9 @@ def render(rows: list[dict[str, Any]]) -> str:
     ]
     for r in rows:
         o, f = r["kernels"]["original"], r["kernels"]["folded"]
+        model = r["model"] + ("" if r["lift"] == "kernels" else f" [lift {r['lift']}]")
         lines.append(
-            f"| {r['model']} | {r['batch']} | {r['dtype']} | {r['folds']} "
+            f"| {model} | {r['batch']} | {r['dtype']} | {r['folds']} "
             f"| {o['fusions']} -> {f['fusions']} | {o['custom_calls']} -> {f['custom_calls']} "
             f"| {o['kernels']} -> {f['kernels']} | {_ms(r['original_s'])} -> {_ms(r['folded_s'])} "
             f"| {r['ratio']:.3f} ({r['ratio_min']:.3f}-{r['ratio_max']:.3f}) | {r['device']} |")
@@ -507,8 +512,11 @@ def render(rows: list[dict[str, Any]]) -> str:
 
 def method(args: argparse.Namespace, rows: list[dict[str, Any]]) -> str:
     runs = sorted({r["runs"] for r in rows})
-    weights = ("weights lifted into `@main` arguments (their own values)"
-               if args.weights == "arguments" else "weights left as constants")
+    weights = {"kernels": "kernels and dense matrices lifted into `@main` arguments (their own "
+                          "values), per-channel vectors left constants",
+               "all": "every non-splat float constant lifted into `@main` arguments (their "
+                      "own values)",
+               "none": "weights left as constants"}[args.lift]
     worst = max((r["rel_err"] for r in rows), default=0.0)
     return (f"{args.rounds} rounds of {'/'.join(map(str, runs))} back-to-back runs, alternating, "
             f"median of per-round ratios; {weights}; max relative error folded vs original "
@@ -548,11 +556,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--runs", type=int, default=0,
                         help="back-to-back runs per round (default: 30 on an accelerator; on "
                              "CPU enough for about 0.5 s, at most 30)")
-    parser.add_argument("--weights", choices=("arguments", "constants"), default="arguments",
-                        help="lift weights into arguments (default) or compile the modules as "
-                             "they are")
-    parser.add_argument("--lift-min-elements", type=int, default=2, metavar="N",
-                        help="lift float non-splat constants of at least N elements (default: 2)")
+    parser.add_argument("--lift", choices=("kernels", "all", "none"), default="kernels",
+                        help="which constants become arguments: kernels (two or more "
+                             "dimensions above 1; default), all (non-splat floats), none")
     parser.add_argument("--platform", default=None,
                         help="jax backend (cpu, gpu, ...; default: jax's default backend)")
     parser.add_argument("--workdir", type=Path, default=None,
@@ -562,8 +568,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-hlo", type=Path, metavar="DIR",
                         help="write each optimized HLO module to DIR")
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.runs < 0 or args.lift_min_elements < 0:
-        parser.error("--rounds must be >= 1, --runs and --lift-min-elements >= 0")
+    if args.rounds < 1 or args.runs < 0:
+        parser.error("--rounds must be >= 1 and --runs >= 0")
     names = args.models.split(",") if args.models is not None else \
         ([] if args.files else ["resnet50", "resnet18"])
     args.model_names = [n.strip() for n in names if n.strip()]
