@@ -397,7 +397,7 @@ def rel_err(original: Executable, folded: Executable) -> float:
     ref = [np.asarray(o, np.float64) for o in original.run()]
     got = [np.asarray(o, np.float64) for o in folded.run()]
     scale = max(float(np.max(np.abs(r))) for r in ref) or 1.0
-    return max(float(np.max(np.abs(g - r))) for g, r in zip(ref, got)) / scale
+    return max(float(np.max(np.abs(g - r))) for r, g in zip(ref, got)) / scale
 
 
 # --- one model ----------------------------------------------------------------------------
@@ -483,7 +483,6 @@ def measure(case: Case, args: argparse.Namespace) -> dict[str, Any]:
         "ratio": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
         "device": device_name(device),
     }
-
 
 
 # --- report ----------------------------------------------------------------------------------
