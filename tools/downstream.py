@@ -349,7 +349,7 @@ class Executable:
         start = time.perf_counter()
         exe, device = bir.xla_compile(module, platform)
         compile_s = time.perf_counter() - start
-        hlo = "\n\n".join(m.to_string() for m in exe.hlo_modules())  # type: ignore[attr-defined]
+        hlo = optimized_hlo(exe)
         args = [jax.device_put(x, device) for x in inputs]
         return cls(label, exe, device, args, compile_s, count_kernels(hlo), hlo)
 
@@ -371,6 +371,13 @@ class Executable:
         jax.block_until_ready([o[0] for p in pending
                                for o in p.disassemble_into_single_device_arrays()])
         return (time.perf_counter() - start) / runs
+
+
+def optimized_hlo(exe: Any) -> str:
+    """The optimized HLO text, as `jax.stages.Compiled.as_text()` gets it."""
+    if hasattr(exe, "get_hlo_text"):
+        return str(exe.get_hlo_text())
+    return "\n\n".join(m.to_string() for m in exe.hlo_modules())
 
 
 def time_alternating(original: Executable, folded: Executable, rounds: int,
