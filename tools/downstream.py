@@ -17,15 +17,19 @@ For each model (generated ResNet-shaped exports, or any StableHLO files given), 
    batch-norm vectors on every call); `none`, the modules as they are. Splats (eps,
    zeros, the -inf of a max pool) and integer constants always stay;
 3. compiles both on the local jax backend (the GPU where one is present; --platform
-   picks one) and counts the kernels of the optimized HLO (`hlo_modules()`, what
-   `jax.stages.Compiled.as_text()` prints): fusions, custom-calls (cuDNN convolutions,
+   picks one) and counts the kernels of the optimized HLO (what
+   `jax.stages.Compiled.as_text()` prints; --keep-hlo writes it): fusions, custom-calls (cuDNN convolutions,
    cuBLAS gemms, oneDNN ops) and every other instruction that launches work, in the
    entry computation and the computations it `call`s (XLA GPU outlines command
    buffers that way), never inside a fusion;
-4. times them alternating: --rounds rounds, each runs the original --runs times back
-   to back then blocks until all are ready, then the folded the same way (the order
-   flips every round); a round's sample is its time per run. The ratio is the median
-   of the per-round folded/original ratios, with their range.
+4. times them alternating after two untimed runs of each: --rounds rounds (5), each
+   runs the original --runs times (30 on an accelerator; on CPU enough for about
+   0.5 s) back to back and then blocks until all are ready, then the folded the same
+   way (the order flips every round); a round's sample is its time per run. The ratio
+   is the median of the per-round folded/original ratios, with their range.
+
+tools/gpu_check.sh runs this on a GPU machine in one go (ResNet-50-shaped, batch 1
+and 32, f32 and bf16).
 
 Models (--models, generated with plain jax, no framework needed; --size tiny for a
 smoke test): resnet50 and resnet18 backbones (the ResNet-50/18 shapes of
