@@ -47,20 +47,6 @@ def test_bench_tiny_runs_every_section(tmp_path: Path) -> None:
     assert all(r["rel_err"] < 1e-5 for r in data["stem"]["rows"]), data["stem"]["rows"]
 
 
-def test_bench_help() -> None:
-    proc = subprocess.run([sys.executable, str(BENCH), "--help"],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 0
-    assert "--only" in proc.stdout and "--repeat" in proc.stdout
-
-
-def test_bench_rejects_unknown_section() -> None:
-    proc = subprocess.run([sys.executable, str(BENCH), "--only", "fold,nope"],
-                          capture_output=True, text=True, timeout=60, check=False)
-    assert proc.returncode == 2
-    assert "nope" in proc.stderr
-
-
 # --- tools/bench.py --downstream (tools/downstream.py) -------------------------------------
 
 DOWNSTREAM = ROOT / "tools" / "downstream.py"
@@ -165,3 +151,18 @@ ENTRY %main.9 (Arg_0.1: f32[1,8,8,3], Arg_1.2: f32[3,3,3,4], Arg_2.3: f32[4]) ->
     counts = _downstream_module().count_kernels(hlo)
     assert counts["by_opcode"] == {"copy": 1, "custom-call": 1, "fusion": 2, "reduce": 1}, counts
     assert (counts["fusions"], counts["custom_calls"], counts["kernels"]) == (2, 1, 5)
+
+
+def test_bench_help() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH), "--help"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 0
+    assert "--only" in proc.stdout and "--repeat" in proc.stdout
+
+
+def test_bench_rejects_unknown_section() -> None:
+    proc = subprocess.run([sys.executable, str(BENCH), "--only", "fold,nope"],
+                          capture_output=True, text=True, timeout=60, check=False)
+    assert proc.returncode == 2
+    assert "nope" in proc.stderr
+
