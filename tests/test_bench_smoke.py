@@ -165,4 +165,3 @@ def test_bench_rejects_unknown_section() -> None:
                           capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert "nope" in proc.stderr
-
