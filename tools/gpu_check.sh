@@ -48,6 +48,7 @@ fi
 {
     echo "# bnfold GPU check (issue 35), $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+    echo "XLA_FLAGS=${XLA_FLAGS:-}  JAX_PLATFORMS=${JAX_PLATFORMS:-}"
     "$PY" - <<'EOF'
 import jax, jaxlib, numpy, platform
 print(f"python {platform.python_version()}, jax {jax.__version__}, jaxlib {jaxlib.__version__}, numpy {numpy.__version__}")
