@@ -1028,6 +1028,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="regenerate the models even if cached")
     parser.add_argument("--json", type=Path, metavar="FILE",
                         help="also write all results, with raw samples, as JSON")
+    parser.add_argument("--downstream", nargs=argparse.REMAINDER, metavar="ARGS",
+                        help="run tools/downstream.py with the arguments after it instead "
+                             "(original vs folded compiled on the local jax backend, kernels "
+                             "and latency; see tools/downstream.py --help)")
     parser.add_argument("--_child", help=argparse.SUPPRESS)
     parser.add_argument("--_payload", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -1056,6 +1060,10 @@ def compile_sources() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.downstream is not None:
+        import downstream  # tools/ is on sys.path when this runs as a script
+
+        return downstream.main(args.downstream)
     if args._child:
         payload = json.loads(Path(args._payload).read_text())
         result = CHILDREN[args._child](payload)

@@ -67,6 +67,16 @@ torchax also looks up lazily, so the shim stays installed in this process). Name
 are never used here, and every lookup that succeeds is untouched.
 If torchax or torch is not installed the torchax models are skipped with a message.
 
+Full-size models for tools/downstream.py (``--downstream MODELS``, written to
+``$TMPDIR/bnfold-downstream-exports`` unless ``--out`` says otherwise, tens of MB each,
+never into testdata): keras.applications ResNet50, MobileNetV2 and EfficientNetB0
+(weights=None, include_top, no classifier activation) at ``--resolution`` (224) for
+every ``--batch`` (1,32) and ``--dtype`` (f32; bf16: the whole model in bfloat16),
+exported with jax.export, e.g.
+
+    python tools/export_testdata.py --downstream keras_resnet50,keras_mobilenetv2 --dtype f32,bf16
+    python tools/downstream.py $TMPDIR/bnfold-downstream-exports/*.mlir
+
 Run time on 2 CPU cores: about 1 minute (55-80 s) for everything (most of it imports, MobileNetV2
 and verification).
 """
@@ -114,7 +124,9 @@ class Case:
     fn: Callable[[Any], Any]  # jax-traceable, closes over every parameter
     x: np.ndarray
     reference: np.ndarray  # the framework's own eager output on x
-    rtol: float = RTOL  # tolerance against `reference`, relative to max|reference|
+    # tolerance against `reference`, relative to max|reference|; None: the error is
+    # reported, not checked (bf16 models against the f32 reference)
+    rtol: float | None = RTOL
     dtype: str = "f32"  # the model's compute dtype (manifest "dtype")
     # The model starts with an input normalization before a zero-padded convolution
     # (manifest "input_normalization": it must fold forward into that convolution).
@@ -214,14 +226,14 @@ def run_on_xla(text: str, x: np.ndarray) -> np.ndarray:
     return np.asarray(out[0][0])
 
 
-def verify(case: Case, text: str) -> float:
+def verify(case: Case, text: str, max_bytes: int | None = MAX_FILE_BYTES) -> float:
     """Check one written file; return the max error relative to max|ref|."""
     nargs = _main_arg_count(text)
     expected_args = 2 if case.form == "export-multiplatform" else 1  # + the platform index
     if nargs != expected_args:
         raise AssertionError(f"{case.file}: @main has {nargs} arguments, expected {expected_args}")
-    if len(text.encode()) > MAX_FILE_BYTES:
-        raise AssertionError(f"{case.file}: {len(text)} bytes > {MAX_FILE_BYTES}")
+    if max_bytes is not None and len(text.encode()) > max_bytes:
+        raise AssertionError(f"{case.file}: {len(text)} bytes > {max_bytes}")
     exported = EXPORTED.get(id(case.fn))
     run = (lambda x: np.asarray(exported.call(x), np.float32)) if exported is not None else \
         (lambda x: run_on_xla(text, x).astype(np.float32))
@@ -230,8 +242,11 @@ def verify(case: Case, text: str) -> float:
     if out.shape != ref.shape:
         raise AssertionError(f"{case.file}: output shape {out.shape} != reference {ref.shape}")
     scale = max(float(np.max(np.abs(ref))), 1e-30)
-    np.testing.assert_allclose(out, ref, rtol=case.rtol, atol=case.rtol * scale, err_msg=case.file)
-    other = run(case.x[::-1].copy() * np.float32(0.5) + np.float32(0.25))
+    if not np.all(np.isfinite(out)):
+        raise AssertionError(f"{case.file}: the output is not finite")
+    if case.rtol is not None:
+        np.testing.assert_allclose(out, ref, rtol=case.rtol, atol=case.rtol * scale, err_msg=case.file)
+    other = run((case.x[::-1] * np.float32(0.5) + np.float32(0.25)).astype(case.x.dtype))
     if np.allclose(other, out, rtol=1e-3, atol=1e-3 * scale):
         raise AssertionError(f"{case.file}: output does not depend on the input")
     return float(np.max(np.abs(out - ref)) / scale)
@@ -1438,6 +1453,91 @@ def deployment_cases() -> Iterator[Case]:
                eqx_fn, x, np_out(eqx_fn(x)))
 
 
+# --------------------------------------------------------------------------- downstream
+
+# Full-size applications for tools/downstream.py (--downstream): what folding buys a
+# compiler. Written outside testdata (tens of MB each), at every --batch and --dtype.
+DOWNSTREAM_MODELS = {
+    "keras_resnet50": ("ResNet50", 53, "keras.applications.ResNet50"),
+    "keras_mobilenetv2": ("MobileNetV2", 52, "keras.applications.MobileNetV2(alpha=1.0)"),
+    "keras_efficientnetb0": ("EfficientNetB0", 49, "keras.applications.EfficientNetB0"),
+}
+DEFAULT_DOWNSTREAM_OUT = Path(os.environ.get("TMPDIR", "/tmp")) / "bnfold-downstream-exports"
+
+
+def downstream_cases(models: list[str], batches: list[int], dtypes: list[str],
+                     resolution: int) -> Iterator[Case]:
+    """keras.applications models (weights=None, include_top, no classifier activation)
+    at resolution x resolution, NHWC, exported with jax.export. Batch-norm statistics
+    and affine parameters are random as for the test data (Stats), conv biases too;
+    bf16 is the whole model in bfloat16 (dtype policy "bfloat16", the f32 model's
+    weights cast), as torchvision's `.to(torch.bfloat16)` is. The reference is the
+    f32 model's eager output; a bf16 model's error against it is reported, not checked
+    (a whole model in bf16 drifts far from f32: EfficientNetB0 by the size of its
+    output), beyond a finite output that depends on the input. As for
+    keras_mobilenetv2_nhwc, the running statistics are calibrated layer by layer on a
+    random batch and then perturbed (with plain random statistics the signal of these
+    deep stacks dies out or grows without bound)."""
+    import jax.numpy as jnp
+    import keras
+    from keras import layers
+
+    for key in models:
+        app, nbn, desc = DOWNSTREAM_MODELS[key]
+        st = Stats(f"downstream/{key}")
+        keras.utils.set_random_seed(zlib.crc32(key.encode()) & 0xFFFF)
+
+        def build(dtype: str, app=app) -> Any:
+            keras.config.set_dtype_policy({"f32": "float32", "bf16": "bfloat16"}[dtype])
+            try:
+                return getattr(keras.applications, app)(
+                    input_shape=(resolution, resolution, 3), weights=None,
+                    classifier_activation=None)
+            finally:
+                keras.config.set_dtype_policy("float32")
+
+        model = build("f32")
+        x_cal = st.input((4, resolution, resolution, 3))
+        count = nprod = 0
+        for layer in model._flatten_layers(include_self=False, recursive=True):
+            if isinstance(layer, layers.BatchNormalization):
+                count += 1
+                c = layer.moving_mean.shape
+                probe = keras.Model(model.input, layer.input)
+                act = np.asarray(probe(x_cal, training=False), dtype=np.float64)
+                mean, var = act.mean(axis=(0, 1, 2)), act.var(axis=(0, 1, 2))
+                var = np.maximum(var, 0.05 * var.mean() + 1e-3)  # dead channels would amplify noise
+                layer.moving_mean.assign((mean + st.mean(c) * np.sqrt(var)).astype(np.float32))
+                layer.moving_variance.assign((var * st.var(c)).astype(np.float32))
+                layer.gamma.assign(st.gamma(c))
+                layer.beta.assign(st.beta(c))
+            elif isinstance(layer, layers.Conv2D | layers.DepthwiseConv2D | layers.Dense):
+                nprod += 1
+                if getattr(layer, "bias", None) is not None:
+                    layer.bias.assign(st.bias(layer.bias.shape))
+        if count != nbn:
+            raise AssertionError(f"{key}: {count} BatchNormalization layers, expected {nbn}")
+        f32_fn = lambda x, model=model: model(x, training=False)
+        for dtype in dtypes:
+            typed = model
+            if dtype != "f32":
+                typed = build(dtype)
+                typed.set_weights(model.get_weights())
+            fn = lambda x, typed=typed: typed(x, training=False)
+            for batch in batches:
+                x = st.input((batch, resolution, resolution, 3))
+                reference = np_out(f32_fn(jnp.asarray(x)))
+                if dtype == "bf16":
+                    x = x.astype(jnp.bfloat16)
+                yield Case(
+                    f"{key.split('_', 1)[1]}_{resolution}_b{batch}_{dtype}_nhwc",
+                    "keras", "NHWC", nbn, nprod, "export",
+                    f"{desc}(input_shape=({resolution}, {resolution}, 3), weights=None, "
+                    f"classifier_activation=None), {dtype}, batch {batch}; batch-norm "
+                    f"statistics calibrated on a random batch, then perturbed; random conv biases",
+                    fn, x, reference, rtol=RTOL * 10 if dtype == "f32" else None, dtype=dtype)
+
+
 BUILDERS: dict[str, Callable[[], Iterator[Case]]] = {
     "flax_linen": flax_linen_cases,
     "flax_nnx": flax_nnx_cases,
@@ -1491,7 +1591,35 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--no-verify", action="store_true", help="skip compiling and comparing each file with the framework's output"
     )
+    group = parser.add_argument_group(
+        "full-size models for tools/downstream.py (written outside testdata: tens of MB each)")
+    group.add_argument(
+        "--downstream",
+        metavar="MODELS",
+        help="export these full-size models instead of the test data, comma-separated: "
+        + ", ".join(DOWNSTREAM_MODELS) + f" (--out defaults to {DEFAULT_DOWNSTREAM_OUT})",
+    )
+    group.add_argument("--batch", default="1,32", help="batch sizes, comma-separated (default: 1,32)")
+    group.add_argument("--dtype", default="f32", help="f32, bf16 or both, comma-separated (default: f32)")
+    group.add_argument("--resolution", type=int, default=224, help="image height and width (default: 224)")
     args = parser.parse_args(argv)
+    if args.downstream is not None:
+        args.downstream = [m.strip() for m in args.downstream.split(",") if m.strip()]
+        unknown = [m for m in args.downstream if m not in DOWNSTREAM_MODELS]
+        try:
+            args.batches = [int(b) for b in args.batch.split(",") if b.strip()]
+        except ValueError:
+            parser.error(f"--batch: expected comma-separated integers, got {args.batch!r}")
+        args.dtypes = [d.strip() for d in args.dtype.split(",") if d.strip()]
+        bad = [d for d in args.dtypes if d not in ("f32", "bf16")]
+        if unknown or bad or not args.downstream or not args.dtypes or not args.batches \
+                or min(args.batches) < 1 or args.resolution < 32:
+            parser.error(f"--downstream: unknown model(s) {unknown} (known: {', '.join(DOWNSTREAM_MODELS)}), "
+                         f"dtype(s) {bad} (known: f32, bf16), or a batch < 1 or resolution < 32")
+        if args.only:
+            parser.error("--downstream and --only exclude each other")
+        if args.out == DEFAULT_OUT:
+            args.out = DEFAULT_DOWNSTREAM_OUT
     selected = []
     for item in args.only or list(FRAMEWORKS):
         for name in item.split(","):
@@ -1510,20 +1638,30 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "manifest.json"
     old_entries = json.loads(manifest_path.read_text()) if manifest_path.exists() else []
-    entries = {e["file"]: e for e in old_entries if e["framework"] not in args.frameworks}
+    downstream = args.downstream is not None
+    # Test data: the selected frameworks' entries are rewritten; full-size models: the
+    # files written replace their own entries only.
+    entries = {e["file"]: e for e in old_entries
+               if downstream or e["framework"] not in args.frameworks}
+    builders = BUILDERS
+    if downstream:  # one family, "keras", of full-size models
+        args.frameworks = ["keras"]
+        builders = {"keras": lambda: downstream_cases(args.downstream, args.batches, args.dtypes,
+                                                      args.resolution)}
 
     t_start = time.perf_counter()
     failures = []
     for fw in args.frameworks:
         t0 = time.perf_counter()
         count = 0
-        for case in BUILDERS[fw]():
+        for case in builders[fw]():
             text = lower(case.fn, case.x, case.form)
             (out / case.file).write_text(text)
             status = "not verified"
             try:
                 if not args.no_verify:
-                    status = f"ok, max rel err {verify(case, text):.1e}"
+                    err = verify(case, text, max_bytes=None if downstream else MAX_FILE_BYTES)
+                    status = f"ok, max rel err {err:.1e}"
             except AssertionError as e:
                 status = "FAILED"
                 failures.append(f"{case.file}: {e}")
@@ -1542,7 +1680,7 @@ def main(argv=None) -> int:
         f"wrote {manifest_path} ({len(ordered)} entries); directory {total / 2**20:.2f} MiB;"
         f" {time.perf_counter() - t_start:.1f} s"
     )
-    if total > MAX_DIR_BYTES:
+    if total > MAX_DIR_BYTES and not downstream:
         failures.append(f"directory is {total} bytes > {MAX_DIR_BYTES}")
     for f in failures:
         print("FAILED:", f, file=sys.stderr)

@@ -363,3 +363,18 @@ def xla_cpu_run(module: str | bytes, inputs: Sequence[object]) -> list[object]:
         args = [jax.device_put(np.asarray(x), device) for x in inputs]
         results = exe.execute_sharded(args).disassemble_into_single_device_arrays()
         return [np.asarray(r[0]) for r in results]
+
+
+def xla_compile(module: str | bytes, platform: str | None = None) -> tuple[object, object]:
+    """Compiles a StableHLO module (text or bytecode) with jax's backend for `platform`
+    ("cpu", "gpu", ...; None: jax's default backend, the accelerator where one is
+    present) for that backend's first device. Returns the loaded executable and the
+    device: `executable.execute_sharded([jax arrays on the device])` runs it, and
+    `executable.hlo_modules()` holds the optimized HLO (what `Compiled.as_text()` shows)."""
+    import jax
+    import jax.extend
+    from jax._src.lib import xla_client as xc
+
+    backend = jax.extend.backend.get_backend(platform)
+    device = backend.devices()[0]
+    return backend.compile_and_load(module, xc.DeviceList((device,)), xc.CompileOptions()), device
