@@ -702,7 +702,7 @@ def section_compare(runner: Runner, models: dict[str, Model], ref: str,
         if not src.exists():
             shutil.copyfile(model.text if fmt == "mlir" else model.bytecode, src)
         cmds, outs = [], []
-        for i, side in enumerate(sides):
+        for i in range(len(sides)):
             out = runner.scratch / f"compare-{i}{ext}"
             cmd = [sys.executable, "-m", "bnfold", "-q", str(src), "-o", str(out)]
             if fmt != "mlir":
