@@ -73,6 +73,7 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import filecmp
 import gc
 import hashlib
 import json
@@ -718,7 +719,9 @@ def section_compare(runner: Runner, models: dict[str, Model], ref: str,
                 got.append(run_measured(cmd, side.env, runner.scratch))
             log(f"  pair {i + 1}/{runner.repeat}: {ref} {samples[0][-1].wall:.2f} s, "
                 f"working tree {samples[1][-1].wall:.2f} s")
-        same = outs[0].read_bytes() == outs[1].read_bytes()
+        # Compared in chunks: reading them whole would raise this process's peak RSS,
+        # which later children inherit in their ru_maxrss (see run_measured).
+        same = filecmp.cmp(outs[0], outs[1], shallow=False)
         for path in outs:
             path.unlink(missing_ok=True)
         rows.append({
