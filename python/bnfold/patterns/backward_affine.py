@@ -204,15 +204,16 @@ def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analys
     """Whether `call` passes a producer result (with a constant kernel, and no other live
     user) that the helper's first op takes as the activation of an affine step."""
     arguments = site.arguments
-    for index, passed in enumerate(call.operands):
-        producer = _chain_source(passed, call, analysis)
-        if producer is None or index >= len(arguments):
-            continue
-        if not any(analysis.constant(producer.operands[i]) is not None for i in (0, 1)):
-            continue
-        user = analysis.sole_live_user(arguments[index])
+    for passed, argument in zip(call.operands, arguments):
+        # The helper's side first: most helpers (activations) start with no affine step,
+        # and walking the caller's chain back to its producer costs more.
+        user = analysis.sole_live_user(argument)
         step = analysis.step(user) if user is not None else None
-        if step is not None and step.x == arguments[index]:
+        if step is None or step.x != argument:
+            continue
+        producer = _chain_source(passed, call, analysis)
+        if producer is not None and \
+                any(analysis.is_constant(producer.operands[i]) for i in (0, 1)):
             return True
     return False
 

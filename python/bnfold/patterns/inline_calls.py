@@ -124,7 +124,7 @@ class CallSite:
     def is_constant(self, value: ir.Value, analysis: Analysis) -> bool:
         """Whether `value` is a constant at this call site (a constant argument counts)."""
         passed = self.argument_value(value)
-        return analysis.constant(passed if passed is not None else value) is not None
+        return analysis.is_constant(passed if passed is not None else value)
 
     def returned(self, index: int) -> ir.Value:
         block = single_block(self.callee)
