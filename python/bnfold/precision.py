@@ -106,8 +106,15 @@ def same_exponent_range(wide: np.dtype, narrow: np.dtype) -> bool:
 
 
 def type_name(dtype: np.dtype) -> str:
-    return {"float16": "f16", "bfloat16": "bf16", "float32": "f32",
-            "float64": "f64"}.get(np.dtype(dtype).name, str(dtype))
+    dtype = np.dtype(dtype)
+    name = _TYPE_NAMES.get(dtype)
+    if name is None:  # once per dtype: numpy computes dtype.name in Python (20 us a call)
+        name = _TYPE_NAMES[dtype] = {"float16": "f16", "bfloat16": "bf16", "float32": "f32",
+                                     "float64": "f64"}.get(dtype.name, str(dtype))
+    return name
+
+
+_TYPE_NAMES: dict[np.dtype, str] = {}
 
 
 def unit_roundoff(dtype: np.dtype) -> float:
