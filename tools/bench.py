@@ -40,6 +40,17 @@ Sections (select with --only):
              (exact border correction) and, for the uniform shift, the explicit-pad
              form of --pad-uniform-shift. No target.
 
+--compare REF (repeatable) times the working tree against a git ref on the same
+files: REF's python/ tree is extracted with `git archive` into the scratch
+directory (no worktree, no install: its processes run with PYTHONPATH pointing
+there, in this interpreter and environment), then whole-process `python -m bnfold
+-q IN -o OUT` runs in pairs (REF, working tree, REF, ...), inputs and outputs on
+/dev/shm, on three workloads: the 300-layer separable stack as text, and the
+ResNet-50-shaped module as bytecode in and out and as text. It reports the
+median of the per-pair wall-time ratios with their range, the peak RSS of each
+side, and whether both wrote the same bytes. Target: ratio <= 1.02. With
+--compare, only the sections --only names run (none by default).
+
 Models (ResNets are backbones: stem, bottleneck or basic blocks with projection
 shortcuts, global average pool, no classifier) are generated with plain jax (conv_general_dilated + Flax-style
 decomposed batch norm `(y - mean) * (rsqrt(var + eps) * gamma) + beta` on
@@ -55,11 +66,14 @@ Usage:
     python tools/bench.py --only fold,memory --repeat 9
     python tools/bench.py --size tiny --repeat 1  # seconds; what the smoke test runs
     python tools/bench.py --json bench.json
+    python tools/bench.py --compare 2e74257 --repeat 9   # the working tree against a commit
+    python tools/bench.py --compare main --only fold      # and the fold section as well
 """
 
 from __future__ import annotations
 
 import argparse
+import filecmp
 import gc
 import hashlib
 import json
@@ -89,6 +103,7 @@ TARGETS = {
     "fold_separable_text": 1.15,
     "scaling": 1.5,
     "memory": 1.10,  # peak RSS of bnfold / peak RSS of the round trip
+    "compare": 1.02,  # --compare: working tree / ref, whole process (issue 35)
 }
 
 ELEMENTWISE = frozenset(f"stablehlo.{n}" for n in (
@@ -324,9 +339,9 @@ def build_models(runner: Runner, size: str, workdir: Path, sections: set[str],
                  regenerate: bool) -> dict[str, Model]:
     cfg = SIZES[size]
     models: dict[str, Model] = {}
-    if sections & {"fold", "memory", "graph"}:
+    if sections & {"fold", "memory", "graph", "compare"}:
         models["resnet50"] = ensure_model(runner, workdir, "resnet50", cfg["resnet50"], regenerate)
-    if sections & {"fold", "graph"}:
+    if sections & {"fold", "graph", "compare"}:
         models["separable"] = ensure_model(runner, workdir, "separable", cfg["separable"],
                                            regenerate)
     if sections & {"scaling", "graph"}:
@@ -380,7 +395,8 @@ class Sample:
     maxrss: int  # bytes
 
 
-def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Sample:
+def run_measured(cmd: list[str], env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> Sample:
     """Runs `cmd`; wall time, CPU time and peak RSS of exactly that child (os.wait4).
 
     Linux folds the peak RSS of the address space a process had before execve
@@ -393,7 +409,7 @@ def run_measured(cmd: list[str], env: dict[str, str] | None = None) -> Sample:
     with tempfile.TemporaryFile() as err:
         start = time.perf_counter()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=err, env=env)
+                                stderr=err, env=env, cwd=cwd)
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
         proc.returncode = os.waitstatus_to_exitcode(status)
@@ -599,6 +615,153 @@ def section_inference(runner: Runner, models: dict[str, Model], size: str) -> di
         result = runner.child("inference", payload, env=env)
         out["settings"].append({"label": label, "xla_flags": flags or "", "rows": result["rows"]})
     return out
+
+
+# --- comparing with a git ref ------------------------------------------------------
+
+# The workloads of `--compare` (issue 35): (model, input format, label).
+COMPARE_WORKLOADS = (
+    ("separable", "mlir", "300 small conv+BN layers, text"),
+    ("resnet50", "bytecode", "ResNet-50-shaped, bytecode in and out"),
+    ("resnet50", "mlir", "ResNet-50-shaped, text"),
+)
+
+
+@dataclass
+class Side:
+    """One build of bnfold: the `python/` directory a process imports it from."""
+
+    label: str
+    python_dir: Path
+    env: dict[str, str]
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True,
+                          check=True).stdout.strip()
+
+
+def _side(label: str, python_dir: Path, scratch: Path) -> Side:
+    """A side whose processes import bnfold from `python_dir` (first on PYTHONPATH: it
+    wins over an editable install), with its bytecode caches written (as a wheel's are);
+    checked by importing it."""
+    import compileall
+
+    compileall.compile_dir(str(python_dir / "bnfold"), quiet=1)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(python_dir)] + [
+        p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    found = subprocess.run([sys.executable, "-c", "import bnfold; print(bnfold.__file__)"],
+                           env=env, cwd=scratch, capture_output=True, text=True, check=False)
+    if found.returncode != 0 or not Path(found.stdout.strip()).is_relative_to(python_dir):
+        raise RuntimeError(f"{label}: bnfold does not import from {python_dir}: "
+                           f"{found.stdout.strip()} {found.stderr[-2000:]}")
+    return Side(label, python_dir, env)
+
+
+def resolve_ref(ref: str) -> str:
+    """The commit `ref` names in this repository; exits with a message if none."""
+    try:
+        return _git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}")
+    except (OSError, subprocess.CalledProcessError):
+        raise SystemExit(f"bench.py: --compare: {ref!r} is not a commit of {REPO_ROOT}") from None
+
+
+def checkout_ref(commit: str, scratch: Path) -> Path:
+    """`commit`'s `python/` tree extracted under `scratch` (git archive: the repository and
+    its worktrees are not touched); returns that python directory."""
+    import io
+    import tarfile
+
+    into = scratch / f"ref-{commit[:12]}"
+    if not into.exists():
+        archive = subprocess.run(["git", "-C", str(REPO_ROOT), "archive", "--format=tar",
+                                  commit, "python"], capture_output=True, check=True).stdout
+        with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+            tar.extractall(into, filter="data")
+    return into / "python"
+
+
+def section_compare(runner: Runner, models: dict[str, Model], ref: str,
+                    commit: str) -> dict[str, Any]:
+    """The working tree against `ref`: whole-process `python -m bnfold -q IN -o OUT` on the
+    same input files (copied to the scratch directory, on /dev/shm where it exists), in
+    pairs ref, new, ref, new, ... after one untimed warm-up of each; peak RSS per side."""
+    ref_python = checkout_ref(commit, runner.scratch)
+    new_label = "working tree"
+    try:
+        new_label += f" ({_git('describe', '--always', '--dirty')})"
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    sides = [_side(f"{ref} ({commit[:9]})", ref_python, runner.scratch),
+             _side(new_label, REPO_ROOT / "python", runner.scratch)]
+    rows = []
+    for name, fmt, label in COMPARE_WORKLOADS:
+        model = models[name]
+        ext = ".mlir" if fmt == "mlir" else ".mlirbc"
+        src = runner.scratch / f"input-{name}{ext}"
+        if not src.exists():
+            shutil.copyfile(model.text if fmt == "mlir" else model.bytecode, src)
+        cmds, outs = [], []
+        for i in range(len(sides)):
+            out = runner.scratch / f"compare-{i}{ext}"
+            cmd = [sys.executable, "-m", "bnfold", "-q", str(src), "-o", str(out)]
+            if fmt != "mlir":
+                cmd += ["--emit", "bytecode"]
+            cmds.append(cmd)
+            outs.append(out)
+        log(f"compare {label}: warm-up, then {runner.repeat} pairs {ref} / working tree")
+        for side, cmd in zip(sides, cmds):
+            run_measured(cmd, side.env, runner.scratch)
+        samples: list[list[Sample]] = [[], []]
+        for i in range(runner.repeat):
+            for side, cmd, got in zip(sides, cmds, samples):
+                got.append(run_measured(cmd, side.env, runner.scratch))
+            log(f"  pair {i + 1}/{runner.repeat}: {ref} {samples[0][-1].wall:.2f} s, "
+                f"working tree {samples[1][-1].wall:.2f} s")
+        # Compared in chunks: reading them whole would raise this process's peak RSS,
+        # which later children inherit in their ru_maxrss (see run_measured).
+        same = filecmp.cmp(outs[0], outs[1], shallow=False)
+        for path in outs:
+            path.unlink(missing_ok=True)
+        rows.append({
+            "workload": label, "model": name, "format": fmt, "same_output": same,
+            "wall": paired([s.wall for s in samples[0]], [s.wall for s in samples[1]]),
+            "cpu": paired([s.cpu for s in samples[0]], [s.cpu for s in samples[1]]),
+            "ref_peak_rss": statistics.median(s.maxrss for s in samples[0]),
+            "new_peak_rss": statistics.median(s.maxrss for s in samples[1]),
+            "ref_rss_samples": [s.maxrss for s in samples[0]],
+            "new_rss_samples": [s.maxrss for s in samples[1]],
+            "commands": {"ref": shlex.join(cmds[0]), "new": shlex.join(cmds[1])},
+        })
+    parent = own_peak_rss()
+    valid = all(min(r["ref_rss_samples"] + r["new_rss_samples"]) > parent for r in rows)
+    return {"ref": ref, "commit": commit, "ref_label": sides[0].label,
+            "new_label": sides[1].label, "rows": rows, "rss_valid": valid,
+            "target": TARGETS["compare"]}
+
+
+def render_compare(c: dict[str, Any], repeat: int) -> list[str]:
+    lines = ["", f"## Compared with {c['ref']} ({c['commit'][:9]})", "",
+             f"Whole process `python -m bnfold -q IN -o OUT`, new = {c['new_label']}, "
+             f"{repeat} pairs ({c['ref']}, new, {c['ref']}, new, ...); ratio: median of the "
+             f"per-pair new/ref wall-time ratios [min–max]; peak RSS: median ru_maxrss.", "",
+             "| workload | ref | new | ratio (median, range) | CPU ratio | "
+             "peak RSS new / ref | same output | result |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in c["rows"]:
+        w = r["wall"]
+        lines.append(
+            f"| {r['workload']} | {_t(w['baseline_median'])} | {_t(w['candidate_median'])} | "
+            f"{w['ratio']:.3f}x [{w['ratio_min']:.2f}–{w['ratio_max']:.2f}] | "
+            f"{r['cpu']['ratio']:.3f}x | {r['new_peak_rss'] / 2**20:.0f} / "
+            f"{r['ref_peak_rss'] / 2**20:.0f} MiB | {'yes' if r['same_output'] else 'no'} | "
+            f"{_target(w['ratio'], c['target'])} |")
+    if not c["rss_valid"]:
+        lines += ["", "**WARNING: a peak RSS is not above the orchestrating process's own; "
+                  "those figures are upper bounds.**"]
+    return lines
+
 
 
 # --- children (fresh processes) -------------------------------------------------
@@ -1003,6 +1166,8 @@ def render(data: dict[str, Any]) -> str:
         lines += ["", "No target. The input normalization folds into the convolution; "
                   "\"border correction\" is the default exact form, \"explicit pad\" the "
                   "`--pad-uniform-shift` form."]
+    for c in data.get("compare", []):
+        lines += render_compare(c, data["repeat"])
     return "\n".join(lines) + "\n"
 
 
@@ -1018,9 +1183,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "tiny: a 2-block resnet, stacks of 2/4/8 (for the smoke test)")
     parser.add_argument("--repeat", type=int, default=5, metavar="N",
                         help="timed repetitions per measurement (default: 5)")
-    parser.add_argument("--only", default=",".join(SECTIONS), metavar="SECTIONS",
-                        help=f"comma-separated sections to run (default: all): "
-                             f"{','.join(SECTIONS)}")
+    parser.add_argument("--only", metavar="SECTIONS",
+                        help=f"comma-separated sections to run (default: all, or none with "
+                             f"--compare): {','.join(SECTIONS)}")
+    parser.add_argument("--compare", action="append", default=[], metavar="REF",
+                        help="time the working tree against git ref REF (a commit of this "
+                             "repository; repeatable), whole process, paired, on the "
+                             "fold section's three workloads, with peak RSS")
     parser.add_argument("--workdir", type=Path, metavar="DIR",
                         help="where generated models are cached (default: "
                              "$TMPDIR/bnfold-bench)")
@@ -1037,9 +1206,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error("--repeat must be at least 1")
-    only = [s.strip() for s in args.only.split(",") if s.strip()]
+    if args.only is None:
+        args.only = "" if args.compare else ",".join(SECTIONS)
+        only = [] if args.compare else list(SECTIONS)
+    else:
+        only = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(only) - set(SECTIONS))
-    if unknown or not only:
+    if unknown or not (only or args.compare):
         parser.error(f"--only: unknown section(s) {', '.join(unknown) or '(none given)'}; "
                      f"known: {', '.join(SECTIONS)}")
     args.sections = [s for s in SECTIONS if s in only]
@@ -1071,6 +1244,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     command = shlex.join([sys.executable, *sys.argv])
+    refs = [(ref, resolve_ref(ref)) for ref in args.compare]
     compile_sources()
     machine = machine_info()
     workdir = args.workdir or Path(tempfile.gettempdir()) / "bnfold-bench"
@@ -1083,7 +1257,9 @@ def main(argv: list[str] | None = None) -> int:
     data: dict[str, Any] = {"command": command, "size": args.size, "repeat": args.repeat,
                             "sections": args.sections, "machine": machine}
     try:
-        models = build_models(runner, args.size, workdir, set(args.sections), args.regenerate)
+        models = build_models(runner, args.size, workdir,
+                              set(args.sections) | ({"compare"} if args.compare else set()),
+                              args.regenerate)
         data["models"] = {n: m.info for n, m in models.items()}
         for section in args.sections:
             if section == "fold":
@@ -1100,6 +1276,9 @@ def main(argv: list[str] | None = None) -> int:
                 data["inference"] = section_inference(runner, models, args.size)
             elif section == "stem":
                 data["stem"] = section_stem(runner, args.size)
+        if args.compare:
+            data["compare"] = [section_compare(runner, models, ref, commit)
+                               for ref, commit in refs]
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     data["load_average_at_end"] = [round(x, 2) for x in os.getloadavg()]

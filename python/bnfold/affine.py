@@ -251,6 +251,9 @@ class Composed:
     steps: list[Step]
     affine: Affine
     stop_reason: Refusal | None  # why the next step (if any) could not be added
+    # The affine after each of `steps` (the last is `affine`): a prefix's, without
+    # composing it again.
+    history: list[Affine] = field(default_factory=list)
 
     @property
     def normalizes(self) -> bool:
@@ -307,12 +310,14 @@ def norm_op(steps: list[Step]) -> ir.Operation:
 def compose(steps: list[Step], start: Affine, evaluator: Evaluator) -> Composed:
     """Composes `steps` from `start`; stops at the first step that does not compose."""
     affine = start
+    history: list[Affine] = []
     for i, step in enumerate(steps):
         nxt = apply(affine, step, evaluator)
         if isinstance(nxt, Refusal):
-            return Composed(steps[:i], affine, nxt)
+            return Composed(steps[:i], affine, nxt, history)
         affine = nxt
-    return Composed(list(steps), affine, None)
+        history.append(affine)
+    return Composed(list(steps), affine, None, history)
 
 
 def replay_layout(value: ir.Value, steps: list[Step]) -> ir.Value:

@@ -46,6 +46,10 @@ class Analysis:
     def constant(self, value: ir.Value) -> Const | None:
         return self.evaluator.constant(value)
 
+    def is_constant(self, value: ir.Value) -> bool:
+        """`constant(value) is not None`; a plain constant's elements are not read."""
+        return self.evaluator.is_constant(value)
+
     def step(self, op: ir.Operation) -> Step | None:
         """`op` as a chain step (activation operand + constants), or None."""
         if op.name not in STEP_NAMES or len(op.results) != 1:

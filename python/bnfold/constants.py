@@ -125,6 +125,27 @@ class Evaluator:
         result = self.evaluate(value)
         return result if isinstance(result, Const) else None
 
+    def is_constant(self, value: ir.Value) -> bool:
+        """`constant(value) is not None`, without reading a `stablehlo.constant`'s elements
+        into float64 (and keeping them): asking whether a kernel is constant must not
+        cost a copy of every weight of the model in memory."""
+        cached = self._memo.get(value)
+        if cached is not None:
+            return isinstance(cached, Const)
+        op = as_operation(value.owner)
+        if op is None or op.name != "stablehlo.constant":
+            return self.constant(value) is not None
+        # What _evaluate_op checks for a constant, with a zero-copy read where the
+        # elements allow it (`read_native` succeeds exactly where `read` does).
+        ty = elements.tensor_type(value)
+        if ty is None or elements.numpy_dtype(ty.element_type) is None:
+            return False
+        try:
+            array = elements.read_native(op.attributes["value"], compact=True)
+        except (ValueError, TypeError, ZeroDivisionError, OverflowError):
+            return False
+        return array.ndim == ty.rank
+
     # -- one op ---------------------------------------------------------------
 
     def _evaluate_op(self, op: ir.Operation, value: ir.Value, operands: list[ir.Value]) -> Result:

@@ -110,6 +110,8 @@ class Rewriter:
         return self.handles.of(op)
 
     def is_replaced(self, op: ir.Operation) -> bool:
+        if not self._tombstones:  # nothing replaced yet: no address to look up (2 us each)
+            return False
         handle = self.handles.get(op)
         return handle is not None and handle in self._tombstones
 

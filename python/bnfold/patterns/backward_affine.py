@@ -186,8 +186,7 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
     holds = _narrowest(compute, lead)
     if rewrites is not None and np.any(np.abs(fit.scale) > 1) and (
             problem := precision.grown_result(
-                fit.scale, _overshoot(list(composed.steps), Affine.identity(shape, fit.origin),
-                                      analysis, holds),
+                fit.scale, _overshoot(composed, Affine.identity(shape, fit.origin), holds),
                 lambda: _result_bound(list(composed.steps), fit, analysis), holds,
                 _producer_word(source.leaves[0]))):
         return problem
@@ -204,15 +203,16 @@ def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analys
     """Whether `call` passes a producer result (with a constant kernel, and no other live
     user) that the helper's first op takes as the activation of an affine step."""
     arguments = site.arguments
-    for index, passed in enumerate(call.operands):
-        producer = _chain_source(passed, call, analysis)
-        if producer is None or index >= len(arguments):
-            continue
-        if not any(analysis.constant(producer.operands[i]) is not None for i in (0, 1)):
-            continue
-        user = analysis.sole_live_user(arguments[index])
+    for passed, argument in zip(call.operands, arguments, strict=False):
+        # The helper's side first: most helpers (activations) start with no affine step,
+        # and walking the caller's chain back to its producer costs more.
+        user = analysis.sole_live_user(argument)
         step = analysis.step(user) if user is not None else None
-        if step is not None and step.x == arguments[index]:
+        if step is None or step.x != argument:
+            continue
+        producer = _chain_source(passed, call, analysis)
+        if producer is not None and \
+                any(analysis.is_constant(producer.operands[i]) for i in (0, 1)):
             return True
     return False
 
@@ -253,16 +253,16 @@ def _narrowest(compute: np.dtype, lead: list[Step]) -> np.dtype:
     return found
 
 
-def _overshoot(steps: list[Step], start: Affine, analysis: Analysis, dtype: np.dtype
-               ) -> np.ndarray | None:
+def _overshoot(composed: affine.Composed, start: Affine, dtype: np.dtype) -> np.ndarray | None:
     """|t'| per channel: the shift the original has added when its last scaling step has
     run, so it computes `y * s + t'` itself; None when that step computes in another type
-    than `dtype` (the one that must hold the folded result)."""
+    than `dtype` (the one that must hold the folded result). `composed` starts at `start`."""
+    steps = composed.steps
     last = max((i for i, step in enumerate(steps) if step.name in affine.SCALING), default=-1)
     if last >= 0 and elements.numpy_dtype(
             ir.RankedTensorType(steps[last].result.type).element_type) != dtype:
         return None
-    return np.abs(affine.compose(steps[:last + 1], start, analysis.evaluator).affine.shift)
+    return np.abs((composed.history[last] if last >= 0 else start).shift)
 
 
 def _result_bound(steps: list[Step], fit: Affine, analysis: Analysis) -> np.ndarray | None:

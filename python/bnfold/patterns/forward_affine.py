@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from bnfold import affine, attributes, elements, laws, precision, producers
+from bnfold import affine, attributes, elements, precision, producers
 from bnfold.affine import Affine, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import note
@@ -182,9 +182,15 @@ def _leaves(producer: ir.Operation, value: ir.Value, act_index: int, analysis: A
 
 def _narrowing(steps: list[Step]) -> int | None:
     """The index of the last convert in `steps` that narrows (a rounding that stays)."""
+    converts = [i for i, s in enumerate(steps) if s.name == "stablehlo.convert"]
+    if not converts:
+        return None
+    # Imported here: most chains have no convert, and the law table is the largest module
+    # a plain fold would import (it costs every bnfold-opt process 5-13 ms).
+    from bnfold import laws
+
     law = laws.LAWS["stablehlo.convert"]
-    found = [i for i, s in enumerate(steps)
-             if s.name == "stablehlo.convert" and law.precision(s.op) is laws.Precision.NARROWS]
+    found = [i for i in converts if law.precision(steps[i].op) is laws.Precision.NARROWS]
     return found[-1] if found else None
 
 

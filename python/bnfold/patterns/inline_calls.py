@@ -124,7 +124,7 @@ class CallSite:
     def is_constant(self, value: ir.Value, analysis: Analysis) -> bool:
         """Whether `value` is a constant at this call site (a constant argument counts)."""
         passed = self.argument_value(value)
-        return analysis.constant(passed if passed is not None else value) is not None
+        return analysis.is_constant(passed if passed is not None else value)
 
     def returned(self, index: int) -> ir.Value:
         block = single_block(self.callee)
@@ -194,6 +194,8 @@ def _remap(op: ir.Operation, mapping: dict[ir.Value, ir.Value]) -> None:
 def drop_uncalled(ctx: Context, names: set[str]) -> None:
     """Drops the private functions in `names` that no live call refers to any more (a
     helper whose only callers were inside a dropped helper goes too)."""
+    if not names:  # nothing was inlined: no walk of every call in the module
+        return
     rewriter = ctx.rewriter
     dropped: set[str] = set()
     while True:

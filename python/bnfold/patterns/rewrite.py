@@ -152,7 +152,8 @@ def kind(steps: list[Step], fit: Affine) -> str:
     rsqrt/sqrt among its constants (the statistics that made it), or a shift with a scale
     that is not +-1 (`(x - mean) / std`); "affine" for the rest (a bias and a negate,
     a mean pool's divide)."""
-    if any(s.name == "stablehlo.batch_norm_inference" for s in steps) or has_variance(steps):
+    if any(s.name == "stablehlo.batch_norm_inference" for s in steps):
         return "normalization"
-    shifts = bool(np.any(fit.shift != 0))
-    return "normalization" if shifts and np.any(np.abs(fit.scale) != 1) else "affine"
+    if np.any(fit.shift != 0) and np.any(np.abs(fit.scale) != 1):
+        return "normalization"  # checked before the walk of the constants: cheaper
+    return "normalization" if has_variance(steps) else "affine"
