@@ -350,6 +350,38 @@ def test_shift_law_refused_keeps_the_function(name):
     assert numerics.relative_error(actual[0], expected[0]) < 1e-12
 
 
+# Steps that the fold stage would otherwise fold into layer 2 (a per-channel multiply or
+# divide before a convolution is a forward fold): with forward folding off they stay
+# between the layers, and the shift must cross them by their own law.
+SHIFT_PASSES_UNFOLDED = {
+    "divide_by_constant": (
+        "  %c = stablehlo.constant dense<[4.0, 2.0, 8.0]> : tensor<3xf64>\n"
+        f"  %cb = stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}\n"
+        f"  %r = stablehlo.divide %a, %cb : {T}", T, "4x4"),
+    "multiply_by_constant": (
+        "  %c = stablehlo.constant dense<[4.0, 2.0, 8.0]> : tensor<3xf64>\n"
+        f"  %cb = stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}\n"
+        f"  %r = stablehlo.multiply %a, %cb : {T}", T, "4x4"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHIFT_PASSES_UNFOLDED))
+def test_shift_crosses_a_constant_factor_that_stays_between_the_layers(name):
+    """relu(y) / c moves by c_absorbed / c (not c_absorbed * c): layer 2's new bias is
+    judged by XLA against the original."""
+    text = hba_module(SHIFT_PASSES_UNFOLDED[name])
+    out = bnfold.fold_source(text, options=bnfold.FoldOptions(
+        equalize=True, absorb_high_bias=True, disable=frozenset({"forward-affine"})))
+    records = [h for e in out.report.equalized for h in e.high_bias]
+    assert [r["absorbed"] for r in records] == [True], records
+    folded = out.serialize().decode()
+    op = name.split("_")[0]
+    assert f"stablehlo.{op}" in folded  # the step is still there: its law was used
+    xs = within_three_sigma(text)
+    expected, actual = run_xla(text, xs), run_xla(folded, xs)
+    assert numerics.relative_error(actual[0], expected[0]) < 1e-12
+
+
 ACTIVATIONS = {  # mechanism 5 of issue 24: only a lower bound at 0 directly after the bias
     "clamp_with_nonzero_lower_bound": (
         "  %one = stablehlo.constant dense<1.0> : tensor<f64>\n"
