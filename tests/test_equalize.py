@@ -194,6 +194,21 @@ def test_high_bias_absorption_moves_the_bias_and_keeps_the_function():
     assert relative_error(HIGH_BIAS, plain.serialize().decode()) < 1e-5
 
 
+def test_high_bias_of_a_saturated_relu6_channel_is_at_most_its_bound():
+    """beta = 1e4 keeps channel 0 at ReLU6's bound 6 for every input: it passes 6, no more,
+    so at most 6 / s moves. Moving beta - 3|gamma| (~1e4 / s) leaves the clamp a negative
+    upper bound and layer 2 a bias of ~1e5 that its output (~6) cancels: f32 error 5e-4
+    against the original on XLA."""
+    text = HIGH_BIAS.replace("dense<[4.0, 0.2, 3.0]>", "dense<[10000.0, 0.2, 3.0]>")
+    absorbed = equalize(text, absorb_high_bias=True)
+    [eq] = absorbed.report.equalized
+    [record] = eq.high_bias
+    assert record["absorbed"], record
+    s = eq.params["scale0"]
+    assert record["absorbed_max"] <= 6 / s[0] * (1 + 1e-6), (record, s)
+    assert relative_error(text, absorbed.serialize().decode()) < 1e-5
+
+
 def _dense(values: np.ndarray) -> str:
     return "dense<" + np.array2string(values, separator=", ", threshold=10**6,
                                       floatmode="unique").replace("\n", "") + ">"
