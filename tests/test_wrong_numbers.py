@@ -411,18 +411,20 @@ def shifted_input() -> list[np.ndarray]:
 BIG_ROW = np.vstack([np.full((1, 4), 40.0), small_weights()[1:]]).astype(np.float16)
 
 
-def test_an_f16_backward_fold_never_grows_the_result_past_its_range():
+@pytest.mark.parametrize("scale, shift", [(2.0, 30000.0), (-2.0, -30000.0)])
+def test_an_f16_backward_fold_never_grows_the_result_past_its_range(scale, shift):
     """(y - 4e4) * 2 + 3e4 after an f16 dot_general whose result is about 4e4: the folded
     producer would compute y * 2 = 8e4 before the shift, inf in f16. Nothing bounds y (no
-    statistics): refused (range), and the module keeps the original's numbers."""
-    chain = (vector("m", [40000.0] * 4) + vector("s", [2.0] * 4) + vector("b", [30000.0] * 4)
+    statistics): refused (range), and the module keeps the original's numbers. A scale of
+    -2 grows |y| as much (y * -2 = -8e4, -inf; the folded bias 8e4 - 3e4 fits f16)."""
+    chain = (vector("m", [40000.0] * 4) + vector("s", [scale] * 4) + vector("b", [shift] * 4)
              + "%c = stablehlo.subtract %y, %m : tensor<4x4xf16>\n"
              "  %n = stablehlo.multiply %c, %s : tensor<4x4xf16>\n"
              "  %o = stablehlo.add %n, %b : tensor<4x4xf16>\n  return %o : tensor<4x4xf16>")
     text = f16_dot(BIG_ROW, chain)
     out = fold(text)
     xs = shifted_input()
-    reference = (xs[0].astype(np.float64) @ BIG_ROW.astype(np.float64) - 40000.0) * 2 + 30000.0
+    reference = (xs[0].astype(np.float64) @ BIG_ROW.astype(np.float64) - 40000.0) * scale + shift
     within_contract(text, out.serialize().decode(), xs, reference)
     [skip] = out.report.skipped
     assert skip.code == "range" and "nothing bounds" in skip.reason, skip.reason
