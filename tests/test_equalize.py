@@ -187,6 +187,7 @@ def test_high_bias_absorption_moves_the_bias_and_keeps_the_function():
     [record] = eq.high_bias
     assert record["absorbed"] and record["channels"] == 2
     assert record["exact"].startswith("exact for every input")
+    assert 0 < record["estimated_output_change"] < 1, record  # a number, a small one here
     s = eq.params["scale0"]
     assert record["absorbed_max"] == pytest.approx(max(2.5 / s[0], 2.25 / s[2]), rel=1e-6)
     out = absorbed.serialize().decode()
@@ -207,6 +208,78 @@ def test_high_bias_of_a_saturated_relu6_channel_is_at_most_its_bound():
     assert record["absorbed"], record
     s = eq.params["scale0"]
     assert record["absorbed_max"] <= 6 / s[0] * (1 + 1e-6), (record, s)
+    assert relative_error(text, absorbed.serialize().decode()) < 1e-5
+
+
+T4 = "tensor<2x4x4x3xf32>"
+CLAMP = f"  %r = stablehlo.clamp %zero, %n, %six : (tensor<f32>, {T4}, tensor<f32>) -> {T4}\n"
+NCHW_LAYER_2 = ("dim_numbers = [b, f, 0, 1]x[0, 1, i, o]->[b, 0, 1, f], window = {} "
+                "{batch_group_count = 1 : i64, feature_group_count = 1 : i64} : "
+                "(tensor<2x3x4x4xf32>, tensor<1x1x3x2xf32>)")
+# Activations and layouts around them that high-bias absorption must see through: the
+# channel axis moves (NHWC -> NCHW) before or after the activation, or ReLU is a select.
+HIGH_BIAS_PATHS = {
+    "transpose_before_activation": (
+        "  %t = stablehlo.transpose %n, dims = [0, 3, 1, 2] : (tensor<2x4x4x3xf32>) -> "
+        "tensor<2x3x4x4xf32>\n"
+        "  %r = stablehlo.clamp %zero, %t, %six : (tensor<f32>, tensor<2x3x4x4xf32>, tensor<f32>) "
+        "-> tensor<2x3x4x4xf32>\n", True),
+    "transpose_after_activation": (
+        f"  %a = stablehlo.clamp %zero, %n, %six : (tensor<f32>, {T4}, tensor<f32>) -> {T4}\n"
+        "  %r = stablehlo.transpose %a, dims = [0, 3, 1, 2] : (tensor<2x4x4x3xf32>) -> "
+        "tensor<2x3x4x4xf32>\n", True),
+    "relu_as_select": (
+        f"  %z4 = stablehlo.constant dense<0.0> : {T4}\n"
+        f"  %p = stablehlo.compare GT, %n, %z4 : ({T4}, {T4}) -> tensor<2x4x4x3xi1>\n"
+        f"  %r = stablehlo.select %p, %n, %z4 : tensor<2x4x4x3xi1>, {T4}\n", False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(HIGH_BIAS_PATHS))
+def test_high_bias_follows_the_channel_axis_and_the_spelling_of_relu(name):
+    lines, nchw = HIGH_BIAS_PATHS[name]
+    text = HIGH_BIAS.replace(CLAMP, lines)
+    if nchw:
+        text = text.replace(NCHW_LAYER_2.replace("[b, f, 0, 1]", "[b, 0, 1, f]").replace(
+            "tensor<2x3x4x4xf32>", T4), NCHW_LAYER_2)
+    assert text.count("stablehlo.convolution") == 2 and ("2x3x4x4" in text) == nchw
+    absorbed = equalize(text, absorb_high_bias=True)
+    [eq] = absorbed.report.equalized
+    [record] = eq.high_bias
+    assert record["absorbed"] and record["channels"] == 2, record
+    assert relative_error(text, absorbed.serialize().decode()) < 1e-5
+
+
+@pytest.mark.parametrize("name, activation, code", [
+    # max(y, 0.5) passes y - c + c only where y - c >= 0.5 - c: not the identity (not ReLU)
+    ("maximum_with_a_nonzero_bound",
+     "  %half = stablehlo.constant dense<0.5> : tensor<2x4x4x3xf32>\n"
+     "  %r = stablehlo.maximum %n, %half : tensor<2x4x4x3xf32>\n", "role"),
+    # |y| commutes with a positive scale (equalized) but is not the identity above 0
+    ("abs_is_not_relu", "  %r = stablehlo.abs %n : tensor<2x4x4x3xf32>\n", "role"),
+])
+def test_high_bias_refuses_what_is_not_bias_then_relu(name, activation, code):
+    text = HIGH_BIAS.replace(CLAMP, activation)
+    absorbed = equalize(text, absorb_high_bias=True)
+    records = [h for eq in absorbed.report.equalized for h in eq.high_bias]
+    assert records and not any(r["absorbed"] for r in records), records
+    assert all(r["code"] == code and r["reason"] for r in records), records
+    assert relative_error(text, absorbed.serialize().decode()) < 1e-5
+
+
+def test_high_bias_without_batch_norm_statistics_says_so():
+    """A layer 1 with a plain bias (no batch norm) has no statistics to take c from."""
+    text = HIGH_BIAS.replace(
+        '  %n = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {epsilon = 0.0 : f32, '
+        'feature_index = 3 : i64} : (tensor<2x4x4x3xf32>, tensor<3xf32>, tensor<3xf32>, '
+        'tensor<3xf32>, tensor<3xf32>) -> tensor<2x4x4x3xf32>',
+        '  %bb = stablehlo.broadcast_in_dim %b, dims = [3] : (tensor<3xf32>) -> tensor<2x4x4x3xf32>\n'
+        '  %n = stablehlo.add %y, %bb : tensor<2x4x4x3xf32>')
+    assert "batch_norm_inference" not in text
+    absorbed = equalize(text, absorb_high_bias=True)
+    [eq] = absorbed.report.equalized
+    [record] = eq.high_bias
+    assert not record["absorbed"] and record["code"] == "no-statistics" and record["reason"], record
     assert relative_error(text, absorbed.serialize().decode()) < 1e-5
 
 
