@@ -358,6 +358,14 @@ SHIFT_PASSES_UNFOLDED = {
         "  %c = stablehlo.constant dense<[4.0, 2.0, 8.0]> : tensor<3xf64>\n"
         f"  %cb = stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}\n"
         f"  %r = stablehlo.divide %a, %cb : {T}", T, "4x4"),
+    "add_constant": (  # relu(y) + k moves by +c
+        "  %c = stablehlo.constant dense<[4.0, 2.0, 8.0]> : tensor<3xf64>\n"
+        f"  %cb = stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}\n"
+        f"  %r = stablehlo.add %a, %cb : {T}", T, "4x4"),
+    "subtract_from_constant": (  # k - relu(y) moves by -c
+        "  %c = stablehlo.constant dense<[4.0, 2.0, 8.0]> : tensor<3xf64>\n"
+        f"  %cb = stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}\n"
+        f"  %r = stablehlo.subtract %cb, %a : {T}", T, "4x4"),
     "multiply_by_constant": (
         "  %c = stablehlo.constant dense<[4.0, 2.0, 8.0]> : tensor<3xf64>\n"
         f"  %cb = stablehlo.broadcast_in_dim %c, dims = [3] : (tensor<3xf64>) -> {T}\n"
@@ -529,6 +537,46 @@ def test_mean_law_matches_monte_carlo(op, name, case):
     if found["basis"] == "linear":
         expected, error = monte_carlo_shift(case, uniform=True)
         np.testing.assert_array_less(np.abs(found["shift"] - expected), 5 * error + 1e-9)
+
+
+def test_mean_law_of_a_sum_of_two_modeled_values():
+    """max(y, 0) + min(y, 0) is y: the mean of a sum is the sum of the means (each modeled
+    from the normal), against the Monte-Carlo estimate."""
+    case = region(f"  %z0 = {ZERO}\n  %zb = stablehlo.broadcast_in_dim %z0, dims = [] : "
+                  f"(tensor<f64>) -> {T}\n  %p = stablehlo.maximum %y, %zb : {T}\n"
+                  f"  %q = stablehlo.minimum %y, %zb : {T}\n  %r = stablehlo.add %p, %q : {T}")
+    found = corrected(with_batch_norm(module(case)))
+    assert found["applied"], found
+    expected, error = monte_carlo_shift(case)
+    assert np.any(np.abs(expected) > 5 * error), (expected, error)
+    np.testing.assert_array_less(np.abs(found["shift"] - expected), 5 * error + 1e-9)
+
+
+SAME_TYPE_CONVERT = """
+func.func @main(%x: tensor<1x8x8x2xf32>) -> tensor<1x8x8x3xf32> {
+  %s = stablehlo.constant dense<[0.5, 2.0]> : tensor<2xf32>
+  %t = stablehlo.constant dense<[0.25, -1.0]> : tensor<2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x8x8x2xf32>
+  %tb = stablehlo.broadcast_in_dim %t, dims = [3] : (tensor<2xf32>) -> tensor<1x8x8x2xf32>
+  %m = stablehlo.multiply %x, %sb : tensor<1x8x8x2xf32>
+  %a = stablehlo.add %m, %tb : tensor<1x8x8x2xf32>
+  %c = stablehlo.convert %a : tensor<1x8x8x2xf32>
+  %k = stablehlo.constant dense<[[[[0.3, -0.2, 0.1], [0.25, 0.15, -0.35]]]]> : tensor<1x1x2x3xf32>
+  %y = stablehlo.convolution(%c, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x8x8x2xf32>, tensor<1x1x2x3xf32>) -> tensor<1x8x8x3xf32>
+  return %y : tensor<1x8x8x3xf32>
+}
+"""
+
+
+def test_a_convert_to_the_same_type_is_exact_and_a_forward_fold_crosses_it():
+    """Only a convert that drops significand bits or range is a rounding that must stay
+    (Precision.NARROWS); f32 -> f32 is not, and x * s + t before it folds forward."""
+    out = bnfold.fold_source(SAME_TYPE_CONVERT)
+    assert [f.direction for f in out.report.folds] == ["forward"], out.report.table()
+    folded = out.serialize().decode()
+    assert "stablehlo.multiply" not in folded
+    xs = [np.random.default_rng(0).normal(size=(1, 8, 8, 2)).astype(np.float32)]
+    numerics.check_close(numerics.run_xla(folded, xs), numerics.run_xla(SAME_TYPE_CONVERT, xs))
 
 
 @pytest.mark.parametrize("key", sorted(MEAN_REFUSED), ids=lambda k: f"{k[0].split('.')[-1]}-{k[1]}")
