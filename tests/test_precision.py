@@ -573,3 +573,31 @@ def test_a_large_f16_kernel_that_would_lose_a_weight_keeps_the_normalization():
     [skip] = report.skipped
     assert skip.code == "precision", skip
     assert "stablehlo.batch_norm_inference" in folded
+
+
+def test_a_large_f16_kernel_pushed_wholly_below_normal_keeps_the_normalization():
+    """The same 64 x 128 weights (0.25-0.9) times scales of 2^-17 .. 2^-15: every folded
+    weight is subnormal in f16 and keeps a few bits (up to 30% off); the original computes
+    x @ W and then scales, at full precision. Above the small-kernel path too."""
+    rows, cols = 64, 128
+    kernel = RNG.uniform(0.25, 0.9, (rows, cols)).astype(np.float16)
+    gamma = np.float16(2.0 ** RNG.uniform(-17, -15, cols))
+    vec = f"tensor<{cols}xf16>"
+    xty, wty, yty = f"tensor<2x{rows}xf16>", f"tensor<{rows}x{cols}xf16>", f"tensor<2x{cols}xf16>"
+    consts = "".join(f"  %{n} = stablehlo.constant dense<{_hex(v)}> : {vec}\n" for n, v in (
+        ("g", gamma), ("b", np.zeros(cols, np.float16)), ("m", np.zeros(cols, np.float16)),
+        ("v", np.ones(cols, np.float16))))
+    text = (f"func.func @main(%x: {xty}) -> {yty} {{\n"
+            f"  %w = stablehlo.constant dense<{_hex(kernel)}> : {wty}\n"
+            f"  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : ({xty}, {wty}) -> {yty}\n"
+            f"{consts}"
+            f'  %bn = "stablehlo.batch_norm_inference"(%y, %g, %b, %m, %v) {{epsilon = 0.0 : f32, '
+            f"feature_index = 1 : i64}} : ({yty}, {vec}, {vec}, {vec}, {vec}) -> {yty}\n"
+            f"  return %bn : {yty}\n}}")
+    assert np.max(np.abs(kernel.astype(np.float64) * gamma.astype(np.float64))) < \
+        np.finfo(np.float16).smallest_normal
+    folded, report = bnfold.fold_text(text)
+    assert not report.folds, report.dumps()
+    [skip] = report.skipped
+    assert skip.code == "precision" and "smallest normal" in skip.reason, skip
+    assert "stablehlo.batch_norm_inference" in folded
