@@ -552,6 +552,21 @@ def test_mean_law_of_a_sum_of_two_modeled_values():
     np.testing.assert_array_less(np.abs(found["shift"] - expected), 5 * error + 1e-9)
 
 
+@pytest.mark.parametrize("name, lines", [
+    ("maximum_of_two_values", f"  %n = stablehlo.negate %y : {T}\n  %r = stablehlo.maximum %y, %n : {T}"),
+    ("select_by_two_values",
+     f"  %n = stablehlo.negate %y : {T}\n"
+     f"  %p = stablehlo.compare GT, %y, %n : ({T}, {T}) -> tensor<2x4x4x3xi1>\n"
+     f"  %z0 = stablehlo.constant dense<0.0> : {T}\n"
+     f"  %r = stablehlo.select %p, %y, %z0 : tensor<2x4x4x3xi1>, {T}"),
+])
+def test_mean_law_refuses_an_extremum_or_a_select_of_two_region_values(name, lines):
+    """max(y, -y) or select(y > -y, ...): two values of the region meet, and the mean of
+    the larger is not modeled: no correction, with the code that says why."""
+    found = corrected(with_batch_norm(module(region(lines))))
+    assert not found["applied"] and found["code"] == "no-statistics" and found["reason"], found
+
+
 SAME_TYPE_CONVERT = """
 func.func @main(%x: tensor<1x8x8x2xf32>) -> tensor<1x8x8x3xf32> {
   %s = stablehlo.constant dense<[0.5, 2.0]> : tensor<2xf32>
