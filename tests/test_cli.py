@@ -573,6 +573,23 @@ def test_expand_batch_norm_removes_every_batch_norm(cli):
     assert find_ops(module, "stablehlo.multiply") != []
 
 
+def test_equalize_alone_leaves_the_biases_where_they_are(cli, tmp_path):
+    """High-bias absorption is its own opt-in: --equalize alone moves no bias into layer 2
+    (one add in the output: layer 1's bias), --absorb-high-bias does (a second add)."""
+    from test_equalize import HIGH_BIAS  # noqa: PLC0415 - one module of the equalize tests
+
+    source, report = tmp_path / "high_bias.mlir", tmp_path / "report.json"
+    source.write_text(HIGH_BIAS)
+    for flags, adds in ((["--equalize"], 1), (["--equalize", "--absorb-high-bias"], 2)):
+        result = cli(source, "--report", report, *flags)
+        assert result.rc == 0, result.err
+        module = parse(result.out)
+        assert len(find_ops(module, "stablehlo.add")) == adds, (flags, result.out.decode())
+        [equalized] = json.loads(report.read_text())["equalized"]
+        absorbed = [h["absorbed"] for h in equalized.get("high_bias", [])]
+        assert absorbed == ([True] if adds == 2 else []), (flags, equalized)
+
+
 def test_help_mentions_every_option_and_pattern(cli):
     result = cli("--help")
     assert result.rc == 0

@@ -273,8 +273,11 @@ def baseline(program: rg.Program, text: str, failures: list[Failure]) -> Baselin
 # --- the oracles ---------------------------------------------------------------------------
 
 
-def check_program(program: rg.Program, options: list[str] | None = None) -> list[Failure]:
-    """Every oracle for every option set (or those in `options`); the failures, in oracle order."""
+def check_program(program: rg.Program, options: list[str] | None = None,
+                  judged: set[str] | None = None) -> list[Failure]:
+    """Every oracle for every option set (or those in `options`); the failures, in oracle order.
+    `judged` receives the option sets whose output's numbers were judged (against the
+    original and the float64 reference, or unchanged from the input)."""
     text = rg.emit(program)
     try:
         printed = bnfold.fold_source(text, options=NO_PATTERNS).serialize().decode()
@@ -286,7 +289,8 @@ def check_program(program: rg.Program, options: list[str] | None = None) -> list
     chosen = list(options or OPTION_SETS)
     # A quantizing set needs its float set's output (run first, oracles too).
     for option in [QUANTIZES[o] for o in chosen if o in QUANTIZES and QUANTIZES[o] not in chosen] + chosen:
-        failures += check_option(program, text, printed, base, option, OPTION_SETS[option], outs)
+        failures += check_option(program, text, printed, base, option, OPTION_SETS[option], outs,
+                                 judged)
     order = ("generator", "crash", "verify", "xla", "nonfinite", "integers", "numerics", "report",
              "idempotence")
     return sorted(failures, key=lambda f: (order.index(f.oracle), list(OPTION_SETS).index(f.option)
@@ -294,8 +298,10 @@ def check_program(program: rg.Program, options: list[str] | None = None) -> list
 
 
 def check_option(program: rg.Program, text: str, printed: str, base: Baseline | None, option: str,
-                 options: bnfold.FoldOptions, outs: dict[str, str]) -> list[Failure]:
-    """The oracles of one option set (its output goes into `outs`)."""
+                 options: bnfold.FoldOptions, outs: dict[str, str],
+                 judged: set[str] | None = None) -> list[Failure]:
+    """The oracles of one option set (its output goes into `outs`; the option into `judged`
+    where its numbers were judged)."""
     try:
         folded = bnfold.fold_source(text, options=options)
         out = folded.serialize().decode()
@@ -308,14 +314,35 @@ def check_option(program: rg.Program, text: str, printed: str, base: Baseline | 
     except Exception as e:  # noqa: BLE001
         return [Failure("verify", option, f"the output does not parse or verify: {e}"), *failures]
     outs[option] = out
+    outs[f"{option} folds"] = _fold_list(report)
     if option in QUANTIZES:
-        return failures + check_quantized(program, out, outs.get(QUANTIZES[option]), base, option)
-    if base is not None and out != printed and numerics_apply(program, report, option):
+        floating = outs.get(QUANTIZES[option])
+        if floating is not None and outs.get(f"{QUANTIZES[option]} folds") != outs[f"{option} folds"]:
+            # Bias correction inlines helpers for its mean laws, and a fold that needed to see
+            # through one then happens too (a scale before a call folds into the layer after
+            # it): the float set's weights are not this output's. A known limit of the oracle.
+            note(f"{option}: integers not judged, it folded other normalizations than "
+                 f"{QUANTIZES[option]}")
+            floating = None
+        return failures + check_quantized(program, out, floating, base, option)
+    if out == printed:
+        _judged(judged, option)  # the output is the input
+    elif base is not None and numerics_apply(program, report, option):
         failures += check_numerics(program, out, base, option)
+        _judged(judged, option)
     if option == "fold":
         failures += check_idempotent(out)
     note(f"{option}: {'unchanged' if out == printed else 'changed'}")
     return failures
+
+
+def _fold_list(report: bnfold.Report) -> str:
+    return repr(sorted((f.producer, f.norm) for f in report.folds))
+
+
+def _judged(judged: set[str] | None, option: str) -> None:
+    if judged is not None:
+        judged.add(option)
 
 
 def check_quantized(program: rg.Program, out: str, floating: str | None, base: Baseline | None,
@@ -577,7 +604,12 @@ FUZZ_SETTINGS = settings(max_examples=CI_EXAMPLES, phases=NO_SHRINK, **COMMON) i
 @given(data=st.data())
 def test_region_graphs(stratum: str, data: st.DataObject) -> None:
     _, program = draw_program(data, stratum)
-    raise_first(check_program(program), rg.emit(program))
+    judged: set[str] = set()
+    raise_first(check_program(program, judged=judged), rg.emit(program))
+    # An example whose numbers no option set could judge (XLA aborts on the original or its
+    # reference, or the original is not finite) checked the rest, but does not count as one
+    # of the stratum's examples: hypothesis draws another (and fails if none can be judged).
+    assume(judged)
 
 
 EMITTED = re.compile(r'"((?:stablehlo|func)\.[a-z_]+)"\(')

@@ -107,9 +107,12 @@ def test_fold_exported_end_to_end(name):
         folded.vjp()
 
 
-def test_unused_parameters_dropped_by_export_are_handled():
+@pytest.mark.parametrize("unused", ["unused", "a_unused"])  # after / before every used leaf
+def test_unused_parameters_dropped_by_export_are_handled(unused):
+    """jax.export drops unused leaves (module_kept_var_idx): a used leaf's module argument
+    is its place among the kept leaves, not in the flat pytree (`a_unused` comes first)."""
     fn, params, x, _ = MODELS["conv_bn_nhwc"]
-    params = dict(params, unused=np.zeros(3, np.float32))
+    params = {**params, unused: np.full(4, 7.0, np.float32)}
     exported = jax.export.export(jax.jit(fn))(params, x)
     assert len(exported.module_kept_var_idx) < len(exported.in_avals)
     folded, report = fold_exported(exported, params)

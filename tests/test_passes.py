@@ -7,6 +7,7 @@ import subprocess
 import sys
 from dataclasses import fields
 
+import numpy as np
 import pytest
 
 import bnfold
@@ -213,6 +214,27 @@ def test_quant_encodings_from_a_pipeline_that_quantizes(tmp_path):
     proc = run(src, "-o", tmp_path / "o2.mlir", "--quant-encodings", tmp_path / "e2.json",
                "--pass-pipeline", "builtin.module(bnfold-fold)")
     assert proc.returncode == 1 and "--quant-encodings needs" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("pipeline, bits", [
+    ("bnfold-fold,bnfold-quantize-weights{quantize-weights=int4}", 4),
+    ("bnfold-quantize-weights{quantize-weights=int4}", 4),
+    ("bnfold-fold,bnfold-quantize-weights", 8),
+    ("bnfold-fold,bnfold-quantize-weights{quantize-weights=int8}", 8),
+])
+def test_the_quantize_pass_computes_with_the_levels_its_option_asks_for(pipeline, bits):
+    """The weights the output computes with (read back on XLA) lie on 2^(b-1) - 1 levels
+    each side of zero: int4 given, int4 levels used (an int8 grid is not 7 levels)."""
+    text = stack_module(2)
+    folded = bnfold.fold_source(text, pass_pipeline=f"builtin.module({pipeline})")
+    found = numerics.kernel_module(folded.serialize().decode())
+    assert found is not None
+    kernels = numerics.run_xla(found[0], [])
+    assert len(kernels) == 2
+    levels = 2 ** (bits - 1) - 1
+    for kernel in kernels:
+        steps = kernel.astype(np.float64) / np.max(np.abs(kernel)) * levels
+        np.testing.assert_allclose(steps, np.rint(steps), atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("two, one", [
