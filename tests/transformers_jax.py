@@ -106,7 +106,7 @@ def flax_mha(*, dtype: str = "f32", normalize_qk: bool = False, seed: int = 2) -
     if normalize_qk:  # random norm weights (all ones would look folded already)
         rng = np.random.default_rng(seed)
         for norm in (layer.query_ln, layer.key_ln):
-            norm.scale.value = jnp.asarray(1 + 0.3 * rng.normal(size=norm.scale.value.shape), dt)
+            norm.scale[...] = jnp.asarray(1 + 0.3 * rng.normal(size=norm.scale[...].shape), dt)
     graph, state = nnx.split(layer)
 
     def block(x):

@@ -62,6 +62,7 @@ from bnfold.refusal import Code, Refusal, refused
 from bnfold.report import Fold
 
 if TYPE_CHECKING:
+    from bnfold.analysis import Analysis
     from bnfold.driver import Context
     from bnfold.rewriter import Handle, Rewriter
 
@@ -75,8 +76,8 @@ MAX_ATTEMPTS = 32  # choice combinations tried per scale
 MAX_FORWARD = 64  # ops a fan-out check may visit on its way to the scale
 # Which refusal tells the user most, when every way failed (lower first).
 _RANK = {Code.SHARED_WEIGHT: 0, Code.PRECISION: 1, Code.RANGE: 1, Code.QUANTIZED: 1,
-         Code.PARAMETER: 2, Code.LOOP: 2, Code.KERNEL_ARGUMENT: 2, Code.USERS: 3,
-         Code.NORMALIZED: 3}
+         Code.PARAMETER: 2, Code.LOOP: 2, Code.KERNEL_ARGUMENT: 2, Code.NORMALIZED: 2,
+         Code.USERS: 3}
 
 
 @dataclass(frozen=True)
@@ -150,7 +151,7 @@ class _Walk:
         dtype = elements.numpy_dtype(ty.element_type) if ty is not None else None
         if dtype is None or not elements.is_float(ty.element_type):  # type: ignore[union-attr]
             return Refusal(Code.NOT_FLOAT, f"{_name(value)} is not a static float tensor")
-        if precision.is_narrower(dtype, self.match.compute):
+        if precision.is_narrower(dtype, self.match.compute) and not self.exact_in(dtype):
             return _narrower(value, dtype, self.match.compute)
         if abs(self.match.scale) > 1 and dtype == np.float16 and \
                 value != self.match.root.operands[self.match.operand]:
@@ -199,6 +200,12 @@ class _Walk:
                 return found
         return None
 
+    def exact_in(self, dtype: np.dtype) -> bool:
+        """A power-of-two scale moves into a narrower type with the same exponent range
+        exactly (bf16 under f32): `2^k round(x) == round(2^k x)`."""
+        return math.frexp(abs(self.match.scale))[0] == 0.5 and \
+            precision.same_exponent_range(self.match.compute, dtype)
+
     def forward(self, op: ir.Operation) -> bool:
         """Whether `op`'s result reaches the scale through ops with a scalar law only."""
         start = self.handle(op)
@@ -236,15 +243,18 @@ class _Walk:
             ty = elements.tensor_type(value)
             size = math.prod(ty.shape) * np.dtype(elements.numpy_dtype(ty.element_type)).itemsize \
                 if ty is not None else 0
-            tied = any(u.name in PRODUCERS for u in others) and reader.name in PRODUCERS
-            what = ("the table is tied (also the weight of " if tied else "it is also read by (")
+            readers = [_reader(u, analysis) for u in others]
+            tied = reader.name in PRODUCERS and any(r.name in PRODUCERS for r in readers)
+            what = "it is tied: also the weight of" if tied else "it is also read by"
             return Refusal(Code.SHARED_WEIGHT,
-                           f"the scale {self.match.scale:.6g} would go into {role} of "
-                           f"{reader.name}, but {what}{', '.join(u.name for u in others)}); "
-                           f"folding would copy it ({size} bytes). Left as is: untie the "
-                           "weight to fold it")
+                           f"it would go into {role} of {reader.name}, but {what} "
+                           f"{', '.join(r.name for r in readers)}; folding would copy it "
+                           f"({size} bytes). Left as is: untie the weight to fold it")
         factor = 1.0 / self.match.scale if way.inverse else self.match.scale
-        kernel = producers.kernel(value, self.match.compute, analysis.evaluator,
+        ty = elements.tensor_type(value)
+        own = elements.numpy_dtype(ty.element_type) if ty is not None else None
+        compute = own if own is not None and self.exact_in(own) else self.match.compute
+        kernel = producers.kernel(value, compute, analysis.evaluator,
                                   reader.name.removeprefix("stablehlo."))
         if refused(kernel):
             return kernel.wrap(f"{role} of {reader.name}")
@@ -373,6 +383,19 @@ def _scalar(ctx: Context, root: ir.Operation) -> tuple[int, float] | None:
             return None
         return 1 - index, scale
     return None
+
+
+def _reader(op: ir.Operation, analysis: Analysis) -> ir.Operation:
+    """The op that reads a weight through `op` and the layout ops after it (a transposed
+    tied table: the LM head's dot_general)."""
+    for _ in range(8):
+        if op.name not in PEEL:
+            break
+        found = analysis.sole_live_user(op.results[0])
+        if found is None:
+            break
+        op = found
+    return op
 
 
 def _role(reader: ir.Operation, way: laws.ScalarWay | None) -> str:
