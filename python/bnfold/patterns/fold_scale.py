@@ -172,14 +172,14 @@ class _Walk:
                 return argument_refusal(value, "the weight the scale would go into")
             return Refusal(Code.NO_PRODUCER, f"{_name(value)} is a block argument")
         law = laws.scalar_law_of(op)
-        if refused(law):
+        if isinstance(law, Refusal):
             if op.name in ("stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.divide"):
                 law = Refusal(Code.NORMALIZED, f"{law.message}: a normalization would undo a "
                                                "scale before it, and no constant factor after "
                                                "it (a norm's weight) can take it")
             return law
         ways = law.ways(op, analysis)
-        if refused(ways):
+        if isinstance(ways, Refusal):
             return ways
         if op.name in PRODUCERS:
             self.reached = True
@@ -256,10 +256,10 @@ class _Walk:
         compute = own if own is not None and self.exact_in(own) else self.match.compute
         kernel = producers.kernel(value, compute, analysis.evaluator,
                                   reader.name.removeprefix("stablehlo."))
-        if refused(kernel):
+        if isinstance(kernel, Refusal):
             return kernel.wrap(f"{role} of {reader.name}")
         rewrite = plan_kernel(kernel, np.asarray(factor, dtype=np.float64), operand)
-        if refused(rewrite):
+        if isinstance(rewrite, Refusal):
             return rewrite.wrap(f"{role} of {reader.name}")
         self.edits.append(Edit(target, operand, rewrite, reader, way.terminal))
         return None
