@@ -1427,7 +1427,8 @@ def graphs(draw, dtypes: Sequence[str] = DTYPES, min_layers: int = 1, force_step
 # (an optional bias), heads by reshape and transpose, an optional zero pad of the head
 # dim (q and k alike), QK-norm (a sum `reduce`, rsqrt, the norm's weight), RoPE (slice,
 # negate, concatenate, multiplies by cos and sin, add), a convert, the scores as a
-# dot_general of two values, a mask `select`, and the scale (multiply or divide by a
+# dot_general of two values (q k^T or k q^T), a per-head temperature divide, one k head
+# broadcast to all (GQA), a mask `select`, a sum over heads, and the scale (multiply or divide by a
 # constant scalar: a power of two or not). Every op of bnfold.laws.SCALAR_LAWS is here.
 
 
@@ -1444,10 +1445,14 @@ class AttentionGraph:
     pad: bool
     qk_norm: bool
     rope: bool
-    convert: bool  # q and k widened to f32 before the scores (bf16 / f16 graphs)
+    convert: bool  # q and k converted before the scores (f32 to bf16, bf16 / f16 to f32)
     mask: bool
     divide: bool
     power_of_two: bool
+    pool: bool  # the scores summed over heads before the scale (a reduce the scale crosses)
+    temperature: bool  # q divided by a per-head constant
+    gqa: bool  # one k head broadcast to every head (grouped-query attention)
+    swap: bool  # the scores as k q^T (the walk meets k first)
     seed: int
 
 
@@ -1557,15 +1562,24 @@ def build_attention(g: AttentionGraph) -> Program:
         angles = np.arange(g.seq)[:, None] / 10000.0 ** (np.arange(d // 2) / (d // 2))[None]
         angles = np.concatenate([angles, angles], 1)
         q, k = (_rope(b, v, np.cos(angles), np.sin(angles)) for v in (q, k))
-    if g.convert and g.dtype != "f32":
-        q, k = b.convert(q, "f32"), b.convert(k, "f32")
-    scores = _head_dot(b, q, k)
+    if g.temperature:
+        t = b.constant(1.0 + b.rng.uniform(0.0, 1.0, g.heads), g.dtype)
+        q = b.binary("divide", q, b.broadcast(t, [1], q.shape, None))
+    if g.gqa:
+        one = _slice(b, k, [0, 0, 0], [k.shape[0], 1, k.shape[2]])
+        k = b.broadcast(b.reshape(one, (k.shape[0], k.shape[2]), None), [0, 2], k.shape, None)
+    if g.convert:  # f32 narrowed to bf16 (the scale moves before it), bf16/f16 widened
+        wide = "bf16" if g.dtype == "f32" else "f32"
+        q, k = b.convert(q, wide), b.convert(k, wide)
+    scores = _head_dot(b, k, q) if g.swap else _head_dot(b, q, k)
     if g.mask:
         causal = np.triu(np.ones((g.seq, g.seq)), 1)[None].repeat(g.heads, 0)
         limit = b.like(scores, -30.0, per_channel=False)
         pred = b.compare(b.like(scores, 0.0, per_channel=False),
                          b.constant(np.broadcast_to(causal, scores.shape), scores.dtype), "LT")
         scores = b.select(pred, limit, scores)
+    if g.pool:
+        scores = b.reduce(scores, b.constant(0.0, scores.dtype), "stablehlo.add", [0])
     c = 0.25 if g.power_of_two else 1 / math.sqrt(q.shape[2] + 1)
     if g.divide:
         out = b.binary("divide", scores, b.like(scores, 1 / c, per_channel=False), "scale0")
@@ -1574,7 +1588,8 @@ def build_attention(g: AttentionGraph) -> Program:
     scope = b.scopes.pop()
     b.features.add("attention_scale")
     main = Func("main", [arg], scope.nodes, [out], private=False)
-    return Program([main], inputs, [out.value], [out.mag], ["scale0"], [], True,
+    scales = ["escale", "scale0"] if g.embed else ["scale0"]
+    return Program([main], inputs, [out.value], [out.mag], scales, [], True,
                    b.features | b.dtypes, [out.dtype], set(b.dtypes))
 
 
@@ -1587,4 +1602,7 @@ def attention_graphs(draw, dtypes: Sequence[str] = DTYPES) -> AttentionGraph:
                           pad=draw(st.booleans()), qk_norm=draw(st.booleans()),
                           rope=draw(st.booleans()), convert=draw(st.booleans()),
                           mask=draw(st.booleans()), divide=draw(st.booleans()),
-                          power_of_two=draw(st.booleans()), seed=draw(st.integers(0, 2**32 - 1)))
+                          power_of_two=draw(st.booleans()), pool=draw(st.booleans()),
+                          temperature=draw(st.booleans()), gqa=draw(st.booleans()),
+                          swap=draw(st.booleans()),
+                          seed=draw(st.integers(0, 2**32 - 1)))

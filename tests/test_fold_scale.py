@@ -6,6 +6,8 @@ soft-cap; tied and untied head), in f32 and bf16 (tests/transformers_jax.py)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -200,3 +202,31 @@ def test_every_scalar_law_is_in_the_fuzzer_grammar():
 
     assert set(laws.SCALAR_LAWS) <= set(regiongen.GRAMMAR_OPS), \
         set(laws.SCALAR_LAWS) - set(regiongen.GRAMMAR_OPS)
+
+
+def test_every_scalar_law_is_crossed_by_a_fold_that_keeps_the_numerics():
+    """Attention graphs of the fuzzer's stratum with every feature on (test_fuzz judges
+    each against float64 on the original, with every option set): their folds cross every
+    op of the scalar law table (the fold's note lists them)."""
+    import regiongen as rg
+    import test_fuzz
+
+    everything = rg.AttentionGraph(
+        dtype="f32", seq=4, heads=2, head_dim=4, model=6, embed=True, conv=True, bias=True,
+        pad=True, qk_norm=False, rope=True, convert=True, mask=True, divide=True,
+        power_of_two=False, pool=True, temperature=True, gqa=False, swap=False, seed=5)
+    graphs = [everything,
+              replace(everything, dtype="bf16", conv=False, divide=False, gqa=True, swap=True,
+                      power_of_two=True, embed=False),
+              replace(everything, qk_norm=True, pool=False, seed=6)]
+    crossed: set[str] = set()
+    for graph in graphs:
+        program = rg.build_attention(graph)
+        failures = test_fuzz.check_program(program)
+        assert not failures, failures
+        folds = folded_scales(bnfold.fold_source(rg.emit(program)).report)
+        assert len(folds) == len(program.norms), folds  # the scale, and an embedding's
+        for fold in folds:
+            crossed.update(f"stablehlo.{op}" for op in fold.note.split("through ")[-1]
+                           .split(", "))
+    assert set(laws.SCALAR_LAWS) <= crossed, set(laws.SCALAR_LAWS) - crossed
