@@ -133,3 +133,25 @@ func.func @gelu_terms_stay(%x: tensor<3x4xf32>) -> tensor<3x4xf32> {
   %r = stablehlo.multiply %a, %t : tensor<3x4xf32>
   return %r : tensor<3x4xf32>
 }
+
+// -----
+
+// x feeds the scale twice: directly, and as the input of x W2. With x scaled, the scale
+// must not go into W2 as well (c^2 on that branch): it goes into W1 alone (1.0 * 1.5),
+// and W2 stays 2.0.
+
+// CHECK-LABEL: @value_read_where_the_scale_does_not_pass
+// CHECK-DAG:     stablehlo.constant dense<1.500000e+00> : tensor<2x2xf32>
+// CHECK-DAG:     stablehlo.constant dense<2.000000e+00> : tensor<2x2xf32>
+// CHECK-NOT:     stablehlo.multiply
+// CHECK:         return
+func.func @value_read_where_the_scale_does_not_pass(%a: tensor<2x2xf32>) -> tensor<2x2xf32> {
+  %w1 = stablehlo.constant dense<1.0> : tensor<2x2xf32>
+  %x = stablehlo.dot_general %a, %w1, contracting_dims = [1] x [0] : (tensor<2x2xf32>, tensor<2x2xf32>) -> tensor<2x2xf32>
+  %w2 = stablehlo.constant dense<2.0> : tensor<2x2xf32>
+  %xw = stablehlo.dot_general %x, %w2, contracting_dims = [1] x [0] : (tensor<2x2xf32>, tensor<2x2xf32>) -> tensor<2x2xf32>
+  %s = stablehlo.add %x, %xw : tensor<2x2xf32>
+  %c = stablehlo.constant dense<1.5> : tensor<2x2xf32>
+  %r = stablehlo.multiply %s, %c : tensor<2x2xf32>
+  return %r : tensor<2x2xf32>
+}

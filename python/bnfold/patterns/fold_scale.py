@@ -54,7 +54,7 @@ import numpy as np
 
 from bnfold import elements, laws, precision, producers
 from bnfold.constants import argument_refusal, is_function_argument
-from bnfold.graph import defining_op, function_name
+from bnfold.graph import as_operation, defining_op, function_name
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern, Stage
 from bnfold.patterns.rewrite import KernelRewrite, plan_kernel
@@ -120,6 +120,7 @@ class _Walk:
     reaches: dict[Handle, bool]
     scaled: dict[ir.Value, None] = field(default_factory=dict)
     region: set[Handle] = field(default_factory=set)
+    through: set[tuple[Handle, int]] = field(default_factory=set)  # (op, operand) scaled
     trail: list[tuple[Handle, int]] = field(default_factory=list)
     edits: list[Edit] = field(default_factory=list)
     crossed: list[str] = field(default_factory=list)
@@ -133,9 +134,15 @@ class _Walk:
         found = self.visit(root.operands[self.match.operand], root)
         if found is not None:
             return found
+        self.through.add((self.handle(root), self.match.operand))
         for value in self.scaled:
-            for user in self.ctx.analysis.live_users(value):
-                if user != root and self.handle(user) not in self.region:
+            for use in value.uses:
+                user = as_operation(use.owner)
+                if user is None or self.ctx.analysis.is_dead(user):
+                    continue
+                if (self.handle(user), use.operand_number) not in self.through:
+                    # another op, or a region op that reads it where the scale does not pass
+                    # (x * k with c gone into k: x must not be scaled as well)
                     return Refusal(Code.USERS, f"{_name(value)} is also read by {user.name} "
                                                "unscaled; scaling it would change that op")
         if not any(e.terminal for e in self.edits):
@@ -189,6 +196,7 @@ class _Walk:
             self.trail.append((key, len(ways)))
             way = ways[self.policy.get(key, 0)]
         self.region.add(self.handle(op))
+        self.through.update((self.handle(op), i) for i in way.through)
         self.crossed.append(op.name.removeprefix("stablehlo."))
         for index in way.into:
             found = self.edit(op, index, way)
