@@ -230,3 +230,22 @@ def test_every_scalar_law_is_crossed_by_a_fold_that_keeps_the_numerics():
             crossed.update(f"stablehlo.{op}" for op in fold.note.split("through ")[-1]
                            .split(", "))
     assert set(laws.SCALAR_LAWS) <= crossed, set(laws.SCALAR_LAWS) - crossed
+
+
+def test_a_scale_in_f32_narrowed_back_to_bf16_rounds_as_a_bf16_scale():
+    """`convert(convert(s, f32) * c, bf16)` rounds c s once to bf16, as a bf16 multiply
+    does: the scale goes into the bf16 Wq (rule 7 compares with that type)."""
+    import jax
+    import jax.numpy as jnp
+
+    wq, wk = tj._weights(0, jnp.bfloat16, (32, 16), (32, 16))
+
+    def block(x):
+        s = (x @ wq) @ (x @ wk).T
+        return (s.astype(jnp.float32) * jnp.float32(0.3)).astype(jnp.bfloat16)
+
+    text = tj._export(block, jax.ShapeDtypeStruct((6, 32), jnp.bfloat16))
+    out = bnfold.fold_source(text)
+    fold, = folded_scales(out.report)
+    assert "convert" in fold.note and fold.producer_op == "stablehlo.dot_general", fold.note
+    judged(text, out.serialize().decode(), "bf16", seeds=4)

@@ -306,7 +306,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         value = root.operands[operand]
         if ctx.analysis.live_users(value) != [root]:
             return None  # a term of a function of the value (GELU's x * 0.5), not its scale
-        return Match(root, operand, scale, dtype)
+        return Match(root, operand, scale, _rounded_in(ctx, root, dtype))
 
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal | None:
         policy: dict[Handle, int] = {}
@@ -404,6 +404,21 @@ def _reader(op: ir.Operation, analysis: Analysis) -> ir.Operation:
             break
         op = found
     return op
+
+
+def _rounded_in(ctx: Context, root: ir.Operation, dtype: np.dtype) -> np.dtype:
+    """The type the original rounds `c x` to: the root's, or a narrower one when its only
+    reader is a narrowing convert (`convert(convert(q, f32) * c, bf16)`: one bf16 rounding
+    of the product, as a bf16 multiply makes)."""
+    user = ctx.analysis.sole_live_user(root.results[0])
+    if user is None or user.name != "stablehlo.convert":
+        return dtype
+    ty = elements.tensor_type(user.results[0])
+    narrow = elements.numpy_dtype(ty.element_type) if ty is not None else None
+    if narrow is None or not elements.is_float(ty.element_type) or \
+            not precision.is_narrower(narrow, dtype):  # type: ignore[union-attr]
+        return dtype
+    return narrow
 
 
 def _role(reader: ir.Operation, way: laws.ScalarWay | None) -> str:
