@@ -414,11 +414,10 @@ def _rounded_in(ctx: Context, root: ir.Operation, dtype: np.dtype) -> np.dtype:
     if user is None or user.name != "stablehlo.convert":
         return dtype
     ty = elements.tensor_type(user.results[0])
-    narrow = elements.numpy_dtype(ty.element_type) if ty is not None else None
-    if narrow is None or not elements.is_float(ty.element_type) or \
-            not precision.is_narrower(narrow, dtype):  # type: ignore[union-attr]
+    if ty is None or not elements.is_float(ty.element_type):
         return dtype
-    return narrow
+    narrow = elements.numpy_dtype(ty.element_type)
+    return narrow if narrow is not None and precision.is_narrower(narrow, dtype) else dtype
 
 
 def _role(reader: ir.Operation, way: laws.ScalarWay | None) -> str:
