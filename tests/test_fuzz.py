@@ -143,7 +143,7 @@ STRATA: dict[str, tuple[dict, str | None]] = {
                      "f16_sum_pool"),
     "private_call": ({"force_steps": ("helper",)}, "call"),
     # An attention block around one constant scale (regiongen.build_attention): fold-scale.
-    "attention": ({"attention": True}, "attention_scale"),
+    "attention_scale": ({"attention": True}, "attention_scale"),
 }
 CI_EXAMPLES = int(os.environ.get("BNFOLD_FUZZ_EXAMPLES", 12))  # per stratum
 THOROUGH_EXAMPLES = int(os.environ.get("BNFOLD_FUZZ_EXAMPLES", 2000))  # per stratum
