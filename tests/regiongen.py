@@ -1418,3 +1418,191 @@ def graphs(draw, dtypes: Sequence[str] = DTYPES, min_layers: int = 1, force_step
                  spatial=tuple(draw(st.integers(2, 6)) for _ in range(rank)),
                  in_perm=draw(st.integers(0, 23)), input_norm=norm, layers=tuple(layers),
                  regions=tuple(tuple(r) for r in regions), seed=draw(st.integers(0, 2**32 - 1)))
+
+
+# --- attention scales (fold-scale) -----------------------------------------------------------
+#
+# An attention block around one constant scale (loc "scale0"): the input ids through an
+# embedding `gather` or an input x, the q projection as a dot_general or a 1-D convolution
+# (an optional bias), heads by reshape and transpose, an optional zero pad of the head
+# dim (q and k alike), QK-norm (a sum `reduce`, rsqrt, the norm's weight), RoPE (slice,
+# negate, concatenate, multiplies by cos and sin, add), a convert, the scores as a
+# dot_general of two values (q k^T or k q^T), a per-head temperature divide, one k head
+# broadcast to all (GQA), a mask `select`, a sum over heads, and the scale (multiply or divide by a
+# constant scalar: a power of two or not). Every op of bnfold.laws.SCALAR_LAWS is here.
+
+
+@dataclass(frozen=True)
+class AttentionGraph:
+    dtype: str
+    seq: int
+    heads: int
+    head_dim: int  # even (RoPE halves)
+    model: int
+    embed: bool
+    conv: bool
+    bias: bool
+    pad: bool
+    qk_norm: bool
+    rope: bool
+    convert: bool  # q and k converted before the scores (f32 to bf16, bf16 / f16 to f32)
+    mask: bool
+    divide: bool
+    power_of_two: bool
+    pool: bool  # the scores summed over heads before the scale (a reduce the scale crosses)
+    temperature: bool  # q divided by a per-head constant
+    gqa: bool  # one k head broadcast to every head (grouped-query attention)
+    swap: bool  # the scores as k q^T (the walk meets k first)
+    seed: int
+
+
+ATTENTION_OPS = ("stablehlo.gather", "stablehlo.dot_general", "stablehlo.convolution",
+                 "stablehlo.add", "stablehlo.reshape", "stablehlo.transpose", "stablehlo.pad",
+                 "stablehlo.multiply", "stablehlo.reduce", "stablehlo.rsqrt",
+                 "stablehlo.divide", "stablehlo.slice", "stablehlo.negate",
+                 "stablehlo.concatenate", "stablehlo.convert", "stablehlo.select",
+                 "stablehlo.compare", "stablehlo.broadcast_in_dim", "stablehlo.subtract")
+GRAMMAR_OPS = GRAMMAR_OPS | frozenset(ATTENTION_OPS)
+
+
+def _slice(b: Builder, x: Val, start: Sequence[int], limit: Sequence[int]) -> Val:
+    index = tuple(slice(s, l) for s, l in zip(start, limit))
+    out = x.value[index]
+    return b.node("stablehlo.slice", [x], T(out.shape, x.dtype), out, None,
+                  [("start_indices", _i64(start)), ("limit_indices", _i64(limit)),
+                   ("strides", _i64([1] * len(start)))], mag=x.mag[index])
+
+
+def _concat(b: Builder, xs: Sequence[Val], dim: int) -> Val:
+    out = np.concatenate([x.value for x in xs], dim)
+    return b.node("stablehlo.concatenate", list(xs), T(out.shape, xs[0].dtype), out, None,
+                  [("dimension", f"{dim} : i64")],
+                  mag=np.concatenate([x.mag for x in xs], dim))
+
+
+def _head_dot(b: Builder, q: Val, k: Val) -> Val:
+    """scores[h, i, j] = sum_d q[i, h, d] k[j, h, d] (batching over heads)."""
+    out = np.einsum("ihd,jhd->hij", q.value, k.value)
+    numbers = ("#stablehlo.dot<lhs_batching_dimensions = [1], rhs_batching_dimensions = [1], "
+               "lhs_contracting_dimensions = [2], rhs_contracting_dimensions = [2]>")
+    return b.node("stablehlo.dot_general", [q, k], T(out.shape, q.dtype), out, None,
+                  [("dot_dimension_numbers", numbers)],
+                  mag=np.einsum("ihd,jhd->hij", q.mag, k.mag))
+
+
+def _projection(b: Builder, g: AttentionGraph, x: Val, name: str, conv: bool) -> Val:
+    """x [S, model] times W [model, heads * head_dim] (+ bias), as [S, heads, head_dim]."""
+    width = g.heads * g.head_dim
+    w = _fit(b.rng.standard_normal((g.model, width)) / math.sqrt(g.model), lambda k: k, g.dtype)
+    if conv:
+        x3 = b.reshape(x, (1, *x.shape), None)
+        kernel = b.constant(w.reshape(1, g.model, width), g.dtype, f"{name}_w", kernel=True)
+        geometry = ConvGeometry(("b", "0", "f"), ("0", "i", "o"), ("b", "0", "f"), (1,), (1,),
+                                ((0, 0),), (1,), (1,), 1)
+        y = b.reshape(b.conv(x3, kernel, geometry, name), (g.seq, width), None)
+    else:
+        y = b.dot(x, b.constant(w, g.dtype, f"{name}_w", kernel=True), 1, 0, False, name)
+    if g.bias:  # a bias added, or subtracted (the divide graphs)
+        y = b.binary("subtract" if g.divide else "add", y,
+                     b.like(y, b.rng.normal(size=width) * 0.1, per_channel=True))
+    heads = b.reshape(y, (g.seq, g.heads, g.head_dim), None)
+    if conv:  # heads first and back (Equinox's and Flax's layouts)
+        heads = b.transpose(b.transpose(heads, [1, 0, 2]), [1, 0, 2])
+    return heads
+
+
+def _qk_norm(b: Builder, x: Val) -> Val:
+    zero = b.constant(0.0, x.dtype)
+    total = b.reduce(b.binary("multiply", x, x), zero, "stablehlo.add", [2])
+    eps = b.like(total, 1e-3, per_channel=False)
+    inv = b.unary("rsqrt", b.binary("add", total, eps))
+    normed = b.binary("multiply", x, b.broadcast(inv, [0, 1], x.shape, None))
+    w = b.constant(1 + 0.3 * b.rng.standard_normal(x.shape[2]), x.dtype)
+    return b.binary("multiply", normed, b.broadcast(w, [2], x.shape, None))
+
+
+def _rope(b: Builder, x: Val, cos: np.ndarray, sin: np.ndarray) -> Val:
+    s, h, d = x.shape
+    x1, x2 = _slice(b, x, [0, 0, 0], [s, h, d // 2]), _slice(b, x, [0, 0, d // 2], [s, h, d])
+    rotated = _concat(b, [b.unary("negate", x2), x1], 2)
+    c = b.broadcast(b.constant(cos, x.dtype), [0, 2], x.shape, None)
+    n = b.broadcast(b.constant(sin, x.dtype), [0, 2], x.shape, None)
+    return b.binary("add", b.binary("multiply", x, c), b.binary("multiply", rotated, n))
+
+
+def build_attention(g: AttentionGraph) -> Program:
+    b = Builder(np.random.default_rng(g.seed))
+    b.dtypes.add(g.dtype)
+    if g.embed:
+        ids = b.rng.integers(0, 11, size=(g.seq, 1)).astype(np.int32)
+        arg = Val("%arg0", T((g.seq, 1), "i32"), ids.astype(np.float64), None, np.zeros((g.seq, 1)))
+        b.scopes.append(_Scope("main", [arg]))
+        table = b.constant(b.rng.standard_normal((11, g.model)), g.dtype, "table", kernel=True)
+        rows = table.value[ids[:, 0]]
+        x = b.node("stablehlo.gather", [table, arg], T(rows.shape, g.dtype), rows, None,
+                   [("dimension_numbers", "#stablehlo.gather<offset_dims = [1], collapsed_slice_dims"
+                                          " = [0], start_index_map = [0], index_vector_dim = 1>"),
+                    ("slice_sizes", _i64([1, g.model]))], mag=np.abs(table.value)[ids[:, 0]])
+        x = b.binary("multiply", x, b.like(x, math.sqrt(g.model), per_channel=False), "escale")
+        inputs = [ids]
+    else:
+        value = round_to(b.rng.standard_normal((g.seq, g.model)), g.dtype)
+        arg = Val("%arg0", T((g.seq, g.model), g.dtype), value, None, np.abs(value))
+        b.scopes.append(_Scope("main", [arg]))
+        x, inputs = arg, [value.astype(NP_DTYPES[g.dtype])]
+    q = _projection(b, g, x, "wq", g.conv)
+    k = _projection(b, g, x, "wk", False)
+    if g.pad:
+        zero = b.constant(0.0, g.dtype)
+        q, k = (b.pad(v, zero, [0, 0, 0], [0, 0, 2], [0, 0, 0], None) for v in (q, k))
+    if g.qk_norm:
+        q, k = _qk_norm(b, q), _qk_norm(b, k)
+    if g.rope:
+        d = q.shape[2]
+        angles = np.arange(g.seq)[:, None] / 10000.0 ** (np.arange(d // 2) / (d // 2))[None]
+        angles = np.concatenate([angles, angles], 1)
+        q, k = (_rope(b, v, np.cos(angles), np.sin(angles)) for v in (q, k))
+    if g.temperature:
+        t = b.constant(1.0 + b.rng.uniform(0.0, 1.0, g.heads), g.dtype)
+        q = b.binary("divide", q, b.broadcast(t, [1], q.shape, None))
+    if g.gqa:
+        one = _slice(b, k, [0, 0, 0], [k.shape[0], 1, k.shape[2]])
+        k = b.broadcast(b.reshape(one, (k.shape[0], k.shape[2]), None), [0, 2], k.shape, None)
+    if g.convert:  # f32 narrowed to bf16 (the scale moves before it), bf16/f16 widened
+        wide = "bf16" if g.dtype == "f32" else "f32"
+        q, k = b.convert(q, wide), b.convert(k, wide)
+    scores = _head_dot(b, k, q) if g.swap else _head_dot(b, q, k)
+    if g.mask:
+        causal = np.triu(np.ones((g.seq, g.seq)), 1)[None].repeat(g.heads, 0)
+        limit = b.like(scores, -30.0, per_channel=False)
+        pred = b.compare(b.like(scores, 0.0, per_channel=False),
+                         b.constant(np.broadcast_to(causal, scores.shape), scores.dtype), "LT")
+        scores = b.select(pred, limit, scores)
+    if g.pool:
+        scores = b.reduce(scores, b.constant(0.0, scores.dtype), "stablehlo.add", [0])
+    c = 0.25 if g.power_of_two else 1 / math.sqrt(q.shape[2] + 1)
+    if g.divide:
+        out = b.binary("divide", scores, b.like(scores, 1 / c, per_channel=False), "scale0")
+    else:
+        out = b.binary("multiply", scores, b.like(scores, c, per_channel=False), "scale0")
+    scope = b.scopes.pop()
+    b.features.add("attention_scale")
+    main = Func("main", [arg], scope.nodes, [out], private=False)
+    scales = ["escale", "scale0"] if g.embed else ["scale0"]
+    return Program([main], inputs, [out.value], [out.mag], scales, [], True,
+                   b.features | b.dtypes, [out.dtype], set(b.dtypes))
+
+
+@st.composite
+def attention_graphs(draw, dtypes: Sequence[str] = DTYPES) -> AttentionGraph:
+    return AttentionGraph(dtype=draw(st.sampled_from(dtypes)), seq=draw(st.integers(2, 5)),
+                          heads=draw(st.integers(1, 3)), head_dim=2 * draw(st.integers(1, 4)),
+                          model=draw(st.integers(2, 8)), embed=draw(st.booleans()),
+                          conv=draw(st.booleans()), bias=draw(st.booleans()),
+                          pad=draw(st.booleans()), qk_norm=draw(st.booleans()),
+                          rope=draw(st.booleans()), convert=draw(st.booleans()),
+                          mask=draw(st.booleans()), divide=draw(st.booleans()),
+                          power_of_two=draw(st.booleans()), pool=draw(st.booleans()),
+                          temperature=draw(st.booleans()), gqa=draw(st.booleans()),
+                          swap=draw(st.booleans()),
+                          seed=draw(st.integers(0, 2**32 - 1)))

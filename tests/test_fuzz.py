@@ -142,6 +142,8 @@ STRATA: dict[str, tuple[dict, str | None]] = {
     "f16_sum_pool": ({"dtypes": ("f16",), "force_steps": ("amplify", "sum_pool"), "rising_weights": True},
                      "f16_sum_pool"),
     "private_call": ({"force_steps": ("helper",)}, "call"),
+    # An attention block around one constant scale (regiongen.build_attention): fold-scale.
+    "attention_scale": ({"attention": True}, "attention_scale"),
 }
 CI_EXAMPLES = int(os.environ.get("BNFOLD_FUZZ_EXAMPLES", 12))  # per stratum
 THOROUGH_EXAMPLES = int(os.environ.get("BNFOLD_FUZZ_EXAMPLES", 2000))  # per stratum
@@ -211,6 +213,11 @@ def run(text: str, inputs: list[np.ndarray]) -> list[np.ndarray]:
         raise XlaCrash(f"XLA CPU worker died: {e}") from None
 
 
+def widen(x: np.ndarray) -> np.ndarray:
+    """A float input as f64 for the reference (integer ids, an embedding's, stay)."""
+    return x if x.dtype.kind in "iub" else x.astype(np.float64)
+
+
 def relative_error(actual: np.ndarray, expected: np.ndarray) -> float:
     """numerics.relative_error, quietly infinite against an all-zero reference."""
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -239,7 +246,7 @@ class Baseline:
 def baseline(program: rg.Program, text: str, failures: list[Failure]) -> Baseline | None:
     """Runs the original, the reference and the magnitude module; None when the numerics
     cannot be judged (XLA aborts on the original, or the original overflows)."""
-    wide = [x.astype(np.float64) for x in program.inputs]
+    wide = [widen(x) for x in program.inputs]
     try:
         orig = run(text, program.inputs)
         ref = run(rg.emit(program, "f64"), wide)
@@ -514,7 +521,7 @@ def float64_transform(program: rg.Program, base: Baseline, options: bnfold.FoldO
     in float64, where converts are no-ops and the precision contract may decide otherwise)."""
     try:
         text = bnfold.fold_source(rg.emit(program, "f64"), options=options).serialize().decode()
-        actual = run(text, [x.astype(np.float64) for x in program.inputs])
+        actual = run(text, [widen(x) for x in program.inputs])
     except Exception as e:  # noqa: BLE001 - only a hint
         return f"float64 transform: {type(e).__name__}"
     err = max(relative_error(a, r) if np.any(r) else float(np.max(np.abs(a), initial=0.0))
@@ -587,6 +594,12 @@ def draw_program(data: st.DataObject, stratum: str, force_steps: tuple[str, ...]
     kwargs, feature = STRATA[stratum]
     if force_steps:
         kwargs = kwargs | {"force_steps": tuple(kwargs.get("force_steps", ())) + force_steps}
+    if kwargs.get("attention"):
+        attention = data.draw(rg.attention_graphs(), label="graph")
+        program = rg.build_attention(attention)
+        for tag in sorted(program.features):
+            event(f"has {tag}")
+        return attention, program  # type: ignore[return-value]
     graph = data.draw(rg.graphs(**kwargs), label="graph")
     program = rg.build(graph)
     assume(feature is None or feature in program.features)
@@ -635,6 +648,24 @@ def test_the_grammar_emits_what_it_declares(kind: str) -> None:
                                phases=(Phase.generate,), **COMMON))
     except NoSuchExample:
         pytest.fail(f"{kind} never emits {sorted(set(rg.STEP_OPS[kind]) - seen)} in 300 graphs")
+
+def test_the_attention_grammar_emits_what_it_declares() -> None:
+    """Every op of regiongen.ATTENTION_OPS (every scalar law's op) is built by some
+    attention graph, and nothing outside GRAMMAR_OPS is."""
+    seen: set[str] = set()
+
+    def emits_all(graph: rg.AttentionGraph) -> bool:
+        ops = set(EMITTED.findall(rg.emit(rg.build_attention(graph))))
+        assert ops <= rg.GRAMMAR_OPS | STRUCTURE, ops - rg.GRAMMAR_OPS - STRUCTURE
+        seen.update(ops)
+        return seen >= set(rg.ATTENTION_OPS)
+
+    try:
+        find(rg.attention_graphs(), emits_all,
+             settings=settings(max_examples=300, database=None, derandomize=True,
+                               phases=(Phase.generate,), **COMMON))
+    except NoSuchExample:
+        pytest.fail(f"never emits {sorted(set(rg.ATTENTION_OPS) - seen)} in 300 graphs")
 
 # --- long runs without pytest ----------------------------------------------------------------
 

@@ -1082,3 +1082,173 @@ NOT_HOMOGENEOUS = {
     "stablehlo.ceil": "ceil", "stablehlo.round_nearest_even": "round",
     "stablehlo.round_nearest_afz": "round", "stablehlo.sign": "sign",
 }
+
+
+# --- a scalar constant scale (fold-scale) ---------------------------------------------------
+#
+# A constant scalar c on an op's result moves to its operands: `c * op(x, ...)` equals op
+# with some operands times c (`through`: their values are scaled, the walk goes on there),
+# or with a constant operand replaced by `c * constant` (`into`; `/ c` for a divisor). A
+# bilinear op (dot_general, convolution, multiply of two values) has several ways: the
+# scalar moves to either operand. A kernel or a constant factor is where a walk can stop
+# (`terminal`); a bias or a concatenated constant comes along with the value it meets.
+# Precision: EXACT ops only move values, so `c * op(x) == op(c * x)` bit for bit; ROUNDS
+# ops round the same sum or product at c times the magnitude: the one rounding of `c * x`
+# the original made moves into the weight (README, precision contract rule 7).
+
+
+@dataclass(frozen=True)
+class ScalarWay:
+    """One way a scalar c on the result moves to the operands."""
+
+    through: tuple[int, ...] = ()  # operands whose values become c * value
+    into: tuple[int, ...] = ()  # constant operands that become c * constant
+    inverse: bool = False  # `into` operands are divisors: they become constant / c
+    terminal: bool = False  # `into` is the weight the walk stops at (a kernel, a factor)
+
+
+class ScalarEnv(Protocol):
+    def constant(self, value: ir.Value) -> Const | None: ...
+
+
+@dataclass(frozen=True)
+class ScalarLaw:
+    summary: str
+    ways: Callable[[ir.Operation, ScalarEnv], list[ScalarWay] | Refusal]
+    precision: Callable[[ir.Operation], Precision]
+
+
+def _split(op: ir.Operation, env: ScalarEnv, indices: tuple[int, ...]) -> tuple[tuple[int, ...],
+                                                                              tuple[int, ...]]:
+    """(operands among `indices` computed at run time, constant ones)."""
+    constant = tuple(i for i in indices if env.constant(op.operands[i]) is not None)
+    return tuple(i for i in indices if i not in constant), constant
+
+
+def _linear_in(*indices: int) -> Callable[[ir.Operation, ScalarEnv], list[ScalarWay] | Refusal]:
+    """c * op(x) == op(c * x) in operands `indices` together (constants among them scaled)."""
+    def ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+        chosen = indices or tuple(range(len(op.operands)))
+        through, into = _split(op, env, chosen)
+        return [ScalarWay(through, into)]
+    return ways
+
+
+def _bilinear(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+    """c (a b) == (c a) b == a (c b): a constant operand takes it (the weight) or the walk
+    goes on through the other; two values computed at run time: either one, not both."""
+    (a, b) = op.operands[0], op.operands[1]
+    through, into = _split(op, env, (0, 1))
+    if len(into) == 2:
+        return Refusal(Code.NOT_CONSTANT, f"{_short(op)} of two constants")
+    if len(into) == 1:
+        return [ScalarWay(into=into, terminal=True), ScalarWay(through=through)]
+    if a == b:
+        return Refusal(Code.NOT_LINEAR, f"{_short(op)} of a value with itself: c x * x = c^2 "
+                                        "x * x, so the scalar cannot move to one operand")
+    return [ScalarWay(through=(0,)), ScalarWay(through=(1,))]
+
+
+def _divide_ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+    """c (x / y) == (c x) / y; with y constant also x / (y / c)."""
+    through, into = _split(op, env, (0, 1))
+    if 0 in into:
+        return Refusal(Code.NOT_LINEAR, "divide of a constant by a value: c / x is not linear "
+                                        "in x")
+    if into:
+        return [ScalarWay(through=(0,)), ScalarWay(into=(1,), inverse=True, terminal=True)]
+    return [ScalarWay(through=(0,))]
+
+
+def _multiply_ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+    """x * k: through x first (towards the weight of a producer), else into k (a norm's
+    weight); x * y: either operand."""
+    found = _bilinear(op, env)
+    if isinstance(found, Refusal) or len(found) != 2 or not found[0].terminal:
+        return found
+    return [found[1], found[0]]
+
+
+def _pad_ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+    value = env.constant(op.operands[1])
+    if value is None or np.any(np.asarray(value.array, dtype=np.float64) != 0):
+        return Refusal(Code.NOT_HOMOGENEOUS, "pad with a value other than a constant zero: "
+                                             "c * pad(x, v) != pad(c * x, v)")
+    return [ScalarWay(through=(0,))]
+
+
+def _sum_ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+    body = list(op.regions[0].blocks[0].operations)
+    if len(op.operands) != 2 or not body or body[0].name != "stablehlo.add":
+        return Refusal(Code.NOT_HOMOGENEOUS, f"{_short(op)} other than a sum of one value")
+    return _pad_ways(op, env)  # a zero init value, as a pad's
+
+
+def _convert_ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+    if not _float_convert(op):
+        return Refusal(Code.NOT_HOMOGENEOUS, "a convert to or from an integer type")
+    return [ScalarWay(through=(0,))]
+
+
+def _gather_ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+    """gather(c T, i) == c gather(T, i): a constant table is the weight."""
+    if env.constant(op.operands[0]) is not None:
+        return [ScalarWay(into=(0,), terminal=True)]
+    return [ScalarWay(through=(0,))]
+
+
+def _select_ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+    through, into = _split(op, env, (1, 2))
+    return [ScalarWay(through, into)]
+
+
+_MOVES = "moves values only: exact"
+
+SCALAR_LAWS: dict[str, ScalarLaw] = {
+    "stablehlo.reshape": ScalarLaw(_MOVES, _linear_in(0), _exact),
+    "stablehlo.transpose": ScalarLaw(_MOVES, _linear_in(0), _exact),
+    "stablehlo.broadcast_in_dim": ScalarLaw(_MOVES, _linear_in(0), _exact),
+    "stablehlo.slice": ScalarLaw(_MOVES + " (RoPE's halves)", _linear_in(0), _exact),
+    "stablehlo.concatenate": ScalarLaw(_MOVES + "; a constant piece is scaled with it",
+                                       _linear_in(), _exact),
+    "stablehlo.negate": ScalarLaw("-(c x) = c (-x): exact", _linear_in(0), _exact),
+    "stablehlo.select": ScalarLaw("select(p, c a, c b): exact (a constant branch is scaled)",
+                                  _select_ways, _exact),
+    "stablehlo.pad": ScalarLaw("pad(c x, 0) = c pad(x, 0): exact; no other pad value",
+                               _pad_ways, _exact),
+    "stablehlo.gather": ScalarLaw("gather(c T, i) = c gather(T, i): exact; a constant table "
+                                  "takes c (Gemma's sqrt(hidden) embedding scale)",
+                                  _gather_ways, _exact),
+    "stablehlo.convert": ScalarLaw("convert(c x) = c convert(x) up to rounding: before a "
+                                   "narrowing convert c x rounds once in the wide type (the "
+                                   "original rounded twice); never moved into a narrower type "
+                                   "than where the original scaled", _convert_ways,
+                                   _convert_precision),
+    "stablehlo.add": ScalarLaw("c (a + b) = c a + c b: both values scaled, a constant (a bias) "
+                               "scaled with them; rounds the same sum", _linear_in(0, 1), _rounds),
+    "stablehlo.subtract": ScalarLaw("c (a - b) = c a - c b", _linear_in(0, 1), _rounds),
+    "stablehlo.multiply": ScalarLaw("c (x k) = (c x) k = x (c k): through x, or into the constant "
+                                    "factor k (a norm's weight); c (x y) = (c x) y", _multiply_ways,
+                                    _rounds),
+    "stablehlo.divide": ScalarLaw("c (x / y) = (c x) / y = x / (y / c); not c / x",
+                                  _divide_ways, _rounds),
+    "stablehlo.dot_general": ScalarLaw("c (x W) = x (c W): into a constant operand (the weight) "
+                                       "or through the other; of two values, through either "
+                                       "(q k^T: into q)", _bilinear, _rounds),
+    "stablehlo.convolution": ScalarLaw("c conv(x, K) = conv(x, c K) = conv(c x, K)", _bilinear,
+                                       _rounds),
+    "stablehlo.reduce": ScalarLaw("c sum(x) = sum(c x) with init 0; rounds the same sum",
+                                  _sum_ways, _rounds),
+}
+
+
+def scalar_law_of(op: ir.Operation) -> ScalarLaw | Refusal:
+    """The scalar law of `op`'s kind, or a refusal naming the op."""
+    found = SCALAR_LAWS.get(op.name)
+    if found is not None:
+        return found
+    if op.name in NOT_HOMOGENEOUS:
+        return Refusal(Code.NOT_HOMOGENEOUS, f"{NOT_HOMOGENEOUS[op.name]} is not linear "
+                                             f"(f(c x) != c f(x))")
+    return Refusal(Code.NO_LAW, f"no scalar law for {op.name} (bnfold does not know how it "
+                                "commutes with a constant scale)")

@@ -55,6 +55,10 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("merge-bias",
           "merge a forward fold's new bias with the affine steps after its producer",
           "bnfold.patterns.merge_bias", Stage.FOLD),
+    Entry("fold-scale",
+          "move a constant scalar scale (attention's 1/sqrt(head_dim), Gemma's embedding "
+          "scale and soft-cap) into the weight behind it",
+          "bnfold.patterns.fold_scale", Stage.FOLD),
     Entry("expand-batch-norm",
           "rewrite each batch_norm_inference that did not fold into multiply + add "
           "(opt-in: --expand-batch-norm)",

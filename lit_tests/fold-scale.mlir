@@ -1,0 +1,157 @@
+// RUN: %bnfold-opt --split-input-file %s | %filecheck %s
+
+// The attention scale 0.25 on q k^T goes into Wq (0.5 * 0.25 = 0.125), through the
+// head reshape and the dot_general of two values; the multiply is gone.
+
+// CHECK-LABEL: @attention_scale_into_wq
+// CHECK:         %[[WQ:.+]] = stablehlo.constant dense<1.250000e-01> : tensor<8x8xf32>
+// CHECK:         stablehlo.dot_general %{{.+}}, %[[WQ]]
+// CHECK:         %[[S:.+]] = stablehlo.dot_general {{.+}} batching_dims
+// CHECK-NEXT:    return %[[S]]
+func.func @attention_scale_into_wq(%x: tensor<4x8xf32>) -> tensor<2x4x4xf32> {
+  %wq = stablehlo.constant dense<0.5> : tensor<8x8xf32>
+  %wk = stablehlo.constant dense<0.75> : tensor<8x8xf32>
+  %q = stablehlo.dot_general %x, %wq, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %k = stablehlo.dot_general %x, %wk, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %qh = stablehlo.reshape %q : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %kh = stablehlo.reshape %k : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %s = stablehlo.dot_general %qh, %kh, batching_dims = [1] x [1], contracting_dims = [2] x [2] : (tensor<4x2x4xf32>, tensor<4x2x4xf32>) -> tensor<2x4x4xf32>
+  %c = stablehlo.constant dense<0.25> : tensor<2x4x4xf32>
+  %r = stablehlo.multiply %s, %c : tensor<2x4x4xf32>
+  return %r : tensor<2x4x4xf32>
+}
+
+// -----
+
+// RoPE's halves (slice, negate, concatenate, multiplies by cos and sin, add) are
+// linear in q: the divide by 2 goes into Wq (1.0 / 2 = 0.5) and its bias (3.0 / 2).
+
+// CHECK-LABEL: @rope_divide_into_wq_and_bias
+// CHECK-DAG:     stablehlo.constant dense<5.000000e-01> : tensor<4x4xf32>
+// CHECK-DAG:     stablehlo.constant dense<1.500000e+00> : tensor<4xf32>
+// CHECK-NOT:     stablehlo.divide
+// CHECK:         return
+func.func @rope_divide_into_wq_and_bias(%x: tensor<3x4xf32>, %k: tensor<3x4xf32>, %cos: tensor<3x4xf32>, %sin: tensor<3x4xf32>) -> tensor<3x3xf32> {
+  %wq = stablehlo.constant dense<1.0> : tensor<4x4xf32>
+  %b = stablehlo.constant dense<3.0> : tensor<4xf32>
+  %q0 = stablehlo.dot_general %x, %wq, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x4xf32>) -> tensor<3x4xf32>
+  %bb = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<4xf32>) -> tensor<3x4xf32>
+  %q = stablehlo.add %q0, %bb : tensor<3x4xf32>
+  %x1 = stablehlo.slice %q [0:3, 0:2] : (tensor<3x4xf32>) -> tensor<3x2xf32>
+  %x2 = stablehlo.slice %q [0:3, 2:4] : (tensor<3x4xf32>) -> tensor<3x2xf32>
+  %n2 = stablehlo.negate %x2 : tensor<3x2xf32>
+  %rot = stablehlo.concatenate %n2, %x1, dim = 1 : (tensor<3x2xf32>, tensor<3x2xf32>) -> tensor<3x4xf32>
+  %a = stablehlo.multiply %q, %cos : tensor<3x4xf32>
+  %bq = stablehlo.multiply %rot, %sin : tensor<3x4xf32>
+  %qr = stablehlo.add %a, %bq : tensor<3x4xf32>
+  %s = stablehlo.dot_general %qr, %k, contracting_dims = [1] x [1] : (tensor<3x4xf32>, tensor<3x4xf32>) -> tensor<3x3xf32>
+  %two = stablehlo.constant dense<2.0> : tensor<3x3xf32>
+  %r = stablehlo.divide %s, %two : tensor<3x3xf32>
+  return %r : tensor<3x3xf32>
+}
+
+// -----
+
+// QK-norm: a scale before the normalization would be normalized away, so it goes into
+// the q-norm's weight (2.0 * 0.25 = 0.5), never into Wq (which stays 1.0).
+
+// CHECK-LABEL: @qk_norm_scale_into_the_norm_weight
+// CHECK-DAG:     stablehlo.constant dense<1.000000e+00> : tensor<4x4xf32>
+// CHECK-DAG:     stablehlo.constant dense<5.000000e-01> : tensor<4xf32>
+// CHECK:         %[[S:.+]] = stablehlo.dot_general
+// CHECK-NEXT:    return %[[S]]
+func.func @qk_norm_scale_into_the_norm_weight(%x: tensor<3x4xf32>, %k: tensor<3x4xf32>) -> tensor<3x3xf32> {
+  %wq = stablehlo.constant dense<1.0> : tensor<4x4xf32>
+  %q = stablehlo.dot_general %x, %wq, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x4xf32>) -> tensor<3x4xf32>
+  %sq = stablehlo.multiply %q, %q : tensor<3x4xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %sum = stablehlo.reduce(%sq init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<3x4xf32>, tensor<f32>) -> tensor<3xf32>
+  %eps = stablehlo.constant dense<1.0e-6> : tensor<3xf32>
+  %v = stablehlo.add %sum, %eps : tensor<3xf32>
+  %r0 = stablehlo.rsqrt %v : tensor<3xf32>
+  %rb = stablehlo.broadcast_in_dim %r0, dims = [0] : (tensor<3xf32>) -> tensor<3x4xf32>
+  %n = stablehlo.multiply %q, %rb : tensor<3x4xf32>
+  %w = stablehlo.constant dense<2.0> : tensor<4xf32>
+  %wb = stablehlo.broadcast_in_dim %w, dims = [1] : (tensor<4xf32>) -> tensor<3x4xf32>
+  %qn = stablehlo.multiply %n, %wb : tensor<3x4xf32>
+  %s = stablehlo.dot_general %qn, %k, contracting_dims = [1] x [1] : (tensor<3x4xf32>, tensor<3x4xf32>) -> tensor<3x3xf32>
+  %c = stablehlo.constant dense<0.25> : tensor<3x3xf32>
+  %r = stablehlo.multiply %s, %c : tensor<3x3xf32>
+  return %r : tensor<3x3xf32>
+}
+
+// -----
+
+// Gemma's embedding scale goes into the table when nothing else reads it (0.5 * 4).
+
+// CHECK-LABEL: @embedding_scale_into_the_table
+// CHECK:         %[[T:.+]] = stablehlo.constant dense<2.000000e+00> : tensor<10x4xf32>
+// CHECK:         %[[G:.+]] = "stablehlo.gather"(%[[T]]
+// CHECK-NEXT:    return %[[G]]
+func.func @embedding_scale_into_the_table(%ids: tensor<3x1xi32>) -> tensor<3x4xf32> {
+  %t = stablehlo.constant dense<0.5> : tensor<10x4xf32>
+  %g = "stablehlo.gather"(%t, %ids) {dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, 4>} : (tensor<10x4xf32>, tensor<3x1xi32>) -> tensor<3x4xf32>
+  %c = stablehlo.constant dense<4.0> : tensor<3x4xf32>
+  %r = stablehlo.multiply %g, %c : tensor<3x4xf32>
+  return %r : tensor<3x4xf32>
+}
+
+// -----
+
+// A table tied to the LM head is not copied: the embedding multiply stays.
+
+// CHECK-LABEL: @tied_table_keeps_the_scale
+// CHECK:         %[[T:.+]] = stablehlo.constant dense<5.000000e-01> : tensor<10x4xf32>
+// CHECK:         %[[G:.+]] = "stablehlo.gather"(%[[T]]
+// CHECK:         stablehlo.multiply %[[G]]
+func.func @tied_table_keeps_the_scale(%ids: tensor<3x1xi32>) -> (tensor<3x4xf32>, tensor<3x10xf32>) {
+  %t = stablehlo.constant dense<0.5> : tensor<10x4xf32>
+  %g = "stablehlo.gather"(%t, %ids) {dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, 4>} : (tensor<10x4xf32>, tensor<3x1xi32>) -> tensor<3x4xf32>
+  %c = stablehlo.constant dense<4.0> : tensor<3x4xf32>
+  %h = stablehlo.multiply %g, %c : tensor<3x4xf32>
+  %l = stablehlo.dot_general %h, %t, contracting_dims = [1] x [1] : (tensor<3x4xf32>, tensor<10x4xf32>) -> tensor<3x10xf32>
+  %e = stablehlo.exponential %l : tensor<3x10xf32>
+  return %h, %e : tensor<3x4xf32>, tensor<3x10xf32>
+}
+
+// -----
+
+// x * 0.5 next to erf(x * 0.7) is a term of GELU, not a scale of x: both stay.
+
+// CHECK-LABEL: @gelu_terms_stay
+// CHECK:         stablehlo.multiply
+// CHECK:         stablehlo.multiply
+// CHECK:         stablehlo.multiply
+func.func @gelu_terms_stay(%x: tensor<3x4xf32>) -> tensor<3x4xf32> {
+  %w = stablehlo.constant dense<1.0> : tensor<4x4xf32>
+  %h = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x4xf32>) -> tensor<3x4xf32>
+  %half = stablehlo.constant dense<0.5> : tensor<3x4xf32>
+  %c = stablehlo.constant dense<0.7> : tensor<3x4xf32>
+  %a = stablehlo.multiply %h, %half : tensor<3x4xf32>
+  %b = stablehlo.multiply %h, %c : tensor<3x4xf32>
+  %t = stablehlo.tanh %b : tensor<3x4xf32>
+  %r = stablehlo.multiply %a, %t : tensor<3x4xf32>
+  return %r : tensor<3x4xf32>
+}
+
+// -----
+
+// x feeds the scale twice: directly, and as the input of x W2. With x scaled, the scale
+// must not go into W2 as well (c^2 on that branch): it goes into W1 alone (1.0 * 1.5),
+// and W2 stays 2.0.
+
+// CHECK-LABEL: @value_read_where_the_scale_does_not_pass
+// CHECK-DAG:     stablehlo.constant dense<1.500000e+00> : tensor<2x2xf32>
+// CHECK-DAG:     stablehlo.constant dense<2.000000e+00> : tensor<2x2xf32>
+// CHECK-NOT:     stablehlo.multiply
+// CHECK:         return
+func.func @value_read_where_the_scale_does_not_pass(%a: tensor<2x2xf32>) -> tensor<2x2xf32> {
+  %w1 = stablehlo.constant dense<1.0> : tensor<2x2xf32>
+  %x = stablehlo.dot_general %a, %w1, contracting_dims = [1] x [0] : (tensor<2x2xf32>, tensor<2x2xf32>) -> tensor<2x2xf32>
+  %w2 = stablehlo.constant dense<2.0> : tensor<2x2xf32>
+  %xw = stablehlo.dot_general %x, %w2, contracting_dims = [1] x [0] : (tensor<2x2xf32>, tensor<2x2xf32>) -> tensor<2x2xf32>
+  %s = stablehlo.add %x, %xw : tensor<2x2xf32>
+  %c = stablehlo.constant dense<1.5> : tensor<2x2xf32>
+  %r = stablehlo.multiply %s, %c : tensor<2x2xf32>
+  return %r : tensor<2x2xf32>
+}

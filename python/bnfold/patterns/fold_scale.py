@@ -1,0 +1,447 @@
+"""fold-scale: move a constant scalar scale into a weight.
+
+The attention scale on `q k^T` (or on q, Flax's `query / sqrt(depth)`), Gemma's
+`sqrt(hidden)` embedding multiply and Gemma 2's `logits / cap` are a constant scalar c
+times a value that linear steps compute from a weight. The scale walks back through
+those steps by their scalar laws (`bnfold.laws.SCALAR_LAWS`: layout ops, converts,
+RoPE's slices, negate, concatenate and multiplies by cos/sin, adds of two scaled
+values, dot_general of two values: the scalar moves to one operand) to the nearest
+weight that only this path reads: a linear producer's constant kernel (its bias adds
+come along), a gather's table, or, where a normalization stands in the way (QK-norm:
+a scale before `x * rsqrt(mean(x^2) + eps)` would be normalized away), the constant
+factor after it (the q-norm's weight). Before:
+
+    %q = stablehlo.dot_general %x, %wq, contracting_dims = [1] x [0]     // x Wq
+    %qh = stablehlo.reshape %q : (tensor<6x32xf32>) -> tensor<6x4x8xf32>
+    %kh = ...
+    %s = stablehlo.dot_general %qh, %kh, batching_dims = [1] x [1], contracting_dims = [2] x [2]
+    %c = stablehlo.constant dense<0.353553385> : tensor<4x6x6xf32>
+    %r = stablehlo.multiply %s, %c : tensor<4x6x6xf32>
+
+After (`%wq_c` = c Wq, computed in float64 and rounded once):
+
+    %q = stablehlo.dot_general %x, %wq_c, contracting_dims = [1] x [0]
+    %qh = stablehlo.reshape %q ...
+    %s = stablehlo.dot_general %qh, %kh, ...                            // %r's users read %s
+
+Every value the walk scales must have no live user outside the walk (a value other
+ops read unscaled would change), so RoPE's q, read by both halves, may fan out while
+a residual stream may not. Where the walk has choices (a bilinear op's operands; a
+constant factor or the value beyond it), it tries them in order and takes the first
+region that closes. A weight also read elsewhere (an embedding table tied to the LM
+head) is never copied: the scale is refused with `shared-weight` and the cost of the
+copy in bytes, unless another way exists (a soft-cap's `1 / cap` goes into the final
+norm's weight through the tied head).
+
+The precision contract (README, rule 7): the scale never moves into a type narrower
+than where the original applied it; a power-of-two scale is exact, another rounds once
+into the weight where the original rounded `c x` once: measured, no less accurate.
+
+What counts as a constant scale: a multiply (divide) by a constant scalar whose other
+operand has no other live user (`x * 0.5` next to `erf(x * 0.707)` in GELU is a term
+of a function of x, not a scale of it) and whose walk reaches a linear producer or a
+gather; each gets a decision: a `Fold` of kind "scale", or a refusal.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from bnfold import elements, laws, precision, producers
+from bnfold.constants import argument_refusal, is_function_argument
+from bnfold.graph import as_operation, defining_op, function_name
+from bnfold.ir import ir
+from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.rewrite import KernelRewrite, plan_kernel
+from bnfold.refusal import Code, Refusal, refused
+from bnfold.report import Fold
+
+if TYPE_CHECKING:
+    from bnfold.analysis import Analysis
+    from bnfold.driver import Context
+    from bnfold.rewriter import Handle, Rewriter
+
+NAME = "fold-scale"
+ROOT_OPS = ("stablehlo.multiply", "stablehlo.divide")
+PRODUCERS = ("stablehlo.dot_general", "stablehlo.convolution", "stablehlo.gather")
+# Ops a weight may sit behind (peeled to the constant they read, while only they read it).
+PEEL = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.transpose")
+MAX_SCALED = 256  # values one walk may scale
+MAX_ATTEMPTS = 32  # choice combinations tried per scale
+MAX_FORWARD = 64  # ops a fan-out check may visit on its way to the scale
+# Which refusal tells the user most, when every way failed (lower first).
+_RANK = {Code.SHARED_WEIGHT: 0, Code.PRECISION: 1, Code.RANGE: 1, Code.QUANTIZED: 1,
+         Code.PARAMETER: 2, Code.LOOP: 2, Code.KERNEL_ARGUMENT: 2, Code.NORMALIZED: 2,
+         Code.USERS: 3}
+
+
+@dataclass(frozen=True)
+class Match:
+    """`root` multiplies operand `operand` by the constant scalar `scale` (a divide's
+    reciprocal), computed in `compute`."""
+
+    root: ir.Operation
+    operand: int
+    scale: float
+    compute: np.dtype
+
+
+@dataclass(frozen=True)
+class Edit:
+    """Operand `operand` of `target` becomes its constant times the scale (`rewrite`);
+    `reader` is the op of the walk that reads it (the weight's producer, a bias add)."""
+
+    target: ir.Operation
+    operand: int
+    rewrite: KernelRewrite
+    reader: ir.Operation
+    terminal: bool
+
+
+@dataclass(frozen=True)
+class Plan:
+    match: Match
+    edits: tuple[Edit, ...]
+    crossed: tuple[str, ...]  # the op kinds the scale passed, in walk order
+
+
+@dataclass
+class _Walk:
+    """One attempt: the values scaled under one assignment of choices (`policy`)."""
+
+    ctx: Context
+    match: Match
+    policy: dict[Handle, int]
+    reaches: dict[Handle, bool]
+    scaled: dict[ir.Value, None] = field(default_factory=dict)
+    region: set[Handle] = field(default_factory=set)
+    through: set[tuple[Handle, int]] = field(default_factory=set)  # (op, operand) scaled
+    trail: list[tuple[Handle, int]] = field(default_factory=list)
+    edits: list[Edit] = field(default_factory=list)
+    crossed: list[str] = field(default_factory=list)
+    reached: bool = False  # a linear producer or a gather
+
+    def handle(self, op: ir.Operation) -> Handle:
+        return self.ctx.rewriter.handle(op)
+
+    def run(self) -> Plan | Refusal:
+        root = self.match.root
+        found = self.visit(root.operands[self.match.operand], root)
+        if found is not None:
+            return found
+        self.through.add((self.handle(root), self.match.operand))
+        for value in self.scaled:
+            for use in value.uses:
+                user = as_operation(use.owner)
+                if user is None or self.ctx.analysis.is_dead(user):
+                    continue
+                if (self.handle(user), use.operand_number) not in self.through:
+                    # another op, or a region op that reads it where the scale does not pass
+                    # (x * k with c gone into k: x must not be scaled as well)
+                    return Refusal(Code.USERS, f"{_name(value)} is also read by {user.name} "
+                                               "unscaled; scaling it would change that op")
+        if not any(e.terminal for e in self.edits):
+            return Refusal(Code.NO_PRODUCER, "no weight on the way")
+        return Plan(self.match, tuple(self.edits), tuple(self.crossed))
+
+    def visit(self, value: ir.Value, user: ir.Operation) -> Refusal | None:
+        if value in self.scaled:
+            return None
+        if len(self.scaled) >= MAX_SCALED:
+            return Refusal(Code.LIMIT, f"the walk passed {MAX_SCALED} values without closing")
+        ty = elements.tensor_type(value)
+        dtype = elements.numpy_dtype(ty.element_type) if ty is not None else None
+        if dtype is None or not elements.is_float(ty.element_type):  # type: ignore[union-attr]
+            return Refusal(Code.NOT_FLOAT, f"{_name(value)} is not a static float tensor")
+        if precision.is_narrower(dtype, self.match.compute) and not self.exact_in(dtype):
+            return _narrower(value, dtype, self.match.compute)
+        if abs(self.match.scale) > 1 and dtype == np.float16 and \
+                value != self.match.root.operands[self.match.operand]:
+            return Refusal(Code.RANGE, f"the scale {self.match.scale:.6g} would grow {_name(value)}"
+                                       ", an f16 value the original never scaled, past what it "
+                                       "held (f16 overflows at 65504)")
+        analysis = self.ctx.analysis
+        for other in analysis.live_users(value):
+            if other != user and other != self.match.root and \
+                    self.handle(other) not in self.region and not self.forward(other):
+                return Refusal(Code.USERS, f"{_name(value)} is also read by {other.name}, which "
+                                           "does not lead to the scale; scaling it would change "
+                                           "that op")
+        self.scaled[value] = None
+        op = defining_op(value)
+        if op is None:
+            if is_function_argument(value):
+                return argument_refusal(value, "the weight the scale would go into")
+            return Refusal(Code.NO_PRODUCER, f"{_name(value)} is a block argument")
+        law = laws.scalar_law_of(op)
+        if isinstance(law, Refusal):
+            if op.name in ("stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.divide"):
+                law = Refusal(Code.NORMALIZED, f"{law.message}: a normalization would undo a "
+                                               "scale before it, and no constant factor after "
+                                               "it (a norm's weight) can take it")
+            return law
+        ways = law.ways(op, analysis)
+        if isinstance(ways, Refusal):
+            return ways
+        if op.name in PRODUCERS:
+            self.reached = True
+        way = ways[0]
+        if len(ways) > 1:
+            key = self.handle(op)
+            self.trail.append((key, len(ways)))
+            way = ways[self.policy.get(key, 0)]
+        self.region.add(self.handle(op))
+        self.through.update((self.handle(op), i) for i in way.through)
+        self.crossed.append(op.name.removeprefix("stablehlo."))
+        for index in way.into:
+            found = self.edit(op, index, way)
+            if found is not None:
+                return found
+        for index in way.through:
+            found = self.visit(op.operands[index], op)
+            if found is not None:
+                return found
+        return None
+
+    def exact_in(self, dtype: np.dtype) -> bool:
+        """A power-of-two scale moves into a narrower type with the same exponent range
+        exactly (bf16 under f32): `2^k round(x) == round(2^k x)`."""
+        return math.frexp(abs(self.match.scale))[0] == 0.5 and \
+            precision.same_exponent_range(self.match.compute, dtype)
+
+    def forward(self, op: ir.Operation) -> bool:
+        """Whether `op`'s result reaches the scale through ops with a scalar law only."""
+        start = self.handle(op)
+        if start not in self.reaches:
+            seen: set[Handle] = set()
+            todo = [op]
+            found = False
+            while todo and not found and len(seen) < MAX_FORWARD:
+                current = todo.pop()
+                if current == self.match.root:
+                    found = True
+                    break
+                key = self.handle(current)
+                if key in seen or current.name not in laws.SCALAR_LAWS:
+                    continue
+                seen.add(key)
+                for result in current.results:
+                    todo.extend(self.ctx.analysis.live_users(result))
+            self.reaches[start] = found
+        return self.reaches[start]
+
+    def edit(self, reader: ir.Operation, index: int, way: laws.ScalarWay) -> Refusal | None:
+        """Operand `index` of `reader` (a constant) times the scale: behind the layout ops only
+        this path reads, the constant itself; refused when another op reads it too (a copy)."""
+        analysis = self.ctx.analysis
+        target, operand, value = reader, index, reader.operands[index]
+        while True:
+            owner = defining_op(value)
+            if owner is None or owner.name not in PEEL or len(analysis.live_users(value)) != 1:
+                break
+            target, operand, value = owner, 0, owner.operands[0]
+        others = [u for u in analysis.live_users(value) if u != target]
+        role = _role(reader, way)
+        if others and way.terminal:
+            ty = elements.tensor_type(value)
+            size = math.prod(ty.shape) * np.dtype(elements.numpy_dtype(ty.element_type)).itemsize \
+                if ty is not None else 0
+            readers = [_reader(u, analysis) for u in others]
+            tied = reader.name in PRODUCERS and any(r.name in PRODUCERS for r in readers)
+            what = "it is tied: also the weight of" if tied else "it is also read by"
+            return Refusal(Code.SHARED_WEIGHT,
+                           f"it would go into {role} of {reader.name}, but {what} "
+                           f"{', '.join(r.name for r in readers)}; folding would copy it "
+                           f"({size} bytes). Left as is: untie the weight to fold it")
+        factor = 1.0 / self.match.scale if way.inverse else self.match.scale
+        ty = elements.tensor_type(value)
+        own = elements.numpy_dtype(ty.element_type) if ty is not None else None
+        compute = own if own is not None and self.exact_in(own) else self.match.compute
+        kernel = producers.kernel(value, compute, analysis.evaluator,
+                                  reader.name.removeprefix("stablehlo."))
+        if isinstance(kernel, Refusal):
+            return kernel.wrap(f"{role} of {reader.name}")
+        rewrite = plan_kernel(kernel, np.asarray(factor, dtype=np.float64), operand)
+        if isinstance(rewrite, Refusal):
+            return rewrite.wrap(f"{role} of {reader.name}")
+        self.edits.append(Edit(target, operand, rewrite, reader, way.terminal))
+        return None
+
+
+class FoldScale(Pattern[ir.Operation, Match, Plan]):
+    """Moves each constant scalar scale into the weight behind it."""
+
+    NAME = NAME
+    STAGE = Stage.FOLD
+
+    def roots(self, ctx: Context) -> Iterable[ir.Operation]:
+        found: list[ir.Operation] = []
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            if op.operation.name in ROOT_OPS:
+                found.append(op.operation)
+            return ir.WalkResult.ADVANCE
+
+        for func in ctx.functions():
+            if ROOT_OPS[0] in ctx.body_ops(func) or ROOT_OPS[1] in ctx.body_ops(func):
+                func.walk(visit)
+        return found
+
+    def match(self, ctx: Context, root: ir.Operation) -> Match | None:
+        if ctx.rewriter.is_replaced(root) or ctx.ledger.is_folded(root):
+            return None
+        found = _scalar(ctx, root)
+        if found is None:
+            return None
+        operand, scale = found
+        ty = elements.tensor_type(root.results[0])
+        dtype = elements.numpy_dtype(ty.element_type) if ty is not None else None
+        if dtype is None or not elements.is_float(ty.element_type):  # type: ignore[union-attr]
+            return None
+        value = root.operands[operand]
+        if ctx.analysis.live_users(value) != [root]:
+            return None  # a term of a function of the value (GELU's x * 0.5), not its scale
+        return Match(root, operand, scale, _rounded_in(ctx, root, dtype))
+
+    def plan(self, ctx: Context, match: Match) -> Plan | Refusal | None:
+        policy: dict[Handle, int] = {}
+        reaches: dict[Handle, bool] = {}
+        refusals: list[Refusal] = []
+        reached = False
+        for _ in range(MAX_ATTEMPTS):
+            walk = _Walk(ctx, match, policy, reaches)
+            result = walk.run()
+            reached = reached or walk.reached
+            if not refused(result):
+                return result
+            refusals.append(result)
+            while walk.trail:
+                key, count = walk.trail.pop()
+                following = policy.get(key, 0) + 1
+                if following < count:
+                    policy[key] = following
+                    break
+                policy.pop(key, None)
+            else:
+                break
+        if not reached:
+            return None  # no weight behind it: not a scale bnfold could fold
+        best = min(refusals, key=lambda r: _RANK.get(r.code, 9))
+        return best.wrap(f"the scale {match.scale:.6g} ({match.root.name})")
+
+    def apply(self, rewriter: Rewriter, plan: Plan) -> list[ir.Operation]:
+        by_target: dict[Handle, list[Edit]] = {}
+        for edit in plan.edits:
+            by_target.setdefault(rewriter.handle(edit.target), []).append(edit)
+        weights: list[ir.Operation] = []
+        for edits in by_target.values():
+            target = edits[0].target
+            with ir.InsertionPoint(target):
+                values = {e.operand: e.rewrite.build(target.location) for e in edits}
+                new = rewriter.clone(target, values)
+            rewriter.replace_op(target, list(new.results), successor=new)
+            weights += [new for e in edits if e.terminal]
+        root = plan.match.root
+        rewriter.replace_op(root, [root.operands[plan.match.operand]])
+        return weights
+
+    def record(self, ctx: Context, plan: Plan, applied: list[ir.Operation]) -> None:
+        ledger = ctx.ledger
+        match = plan.match
+        weights = [e for e in plan.edits if e.terminal]
+        first = weights[0].reader
+        into = ", ".join(f"{_role(e.reader, None)} of {ledger.location(e.reader)}"
+                         for e in weights)
+        biases = sum(1 for e in plan.edits if not e.terminal)
+        note = f"{match.scale:.6g} into {into}" + (f" (and {biases} bias(es))" if biases else "") + \
+            (f", through {', '.join(dict.fromkeys(plan.crossed))}" if plan.crossed else "")
+        fold = Fold(id="", producer=ledger.location(first), producer_op=first.name,
+                    norm=ledger.location(match.root), norm_op=match.root.name, form="scale",
+                    direction="backward", channels=1, ops=[], function=function_name(match.root),
+                    params={"scale": np.asarray(match.scale, dtype=np.float64)},
+                    kernel_rounding=max(e.rewrite.worst_relative_rounding for e in plan.edits),
+                    kind="scale", note=note)
+        ledger.fold(fold, [match.root], producer=applied[0] if applied else None)
+
+    def refuse(self, ctx: Context, subject: ir.Operation | Match, refusal: Refusal) -> None:
+        if isinstance(subject, Match):
+            ctx.ledger.refuse(subject.root, refusal)
+
+
+def _scalar(ctx: Context, root: ir.Operation) -> tuple[int, float] | None:
+    """(the scaled operand, the scale) when `root` multiplies a value computed at run time by
+    a constant scalar (or divides it by one), else None."""
+    analysis = ctx.analysis
+    indices = (0, 1) if root.name == "stablehlo.multiply" else (1,)
+    for index in indices:
+        const = analysis.constant(root.operands[index])
+        if const is None or analysis.constant(root.operands[1 - index]) is not None:
+            continue
+        values = np.asarray(const.array, dtype=np.float64).reshape(-1)
+        if values.size == 0 or values.size > 4096 or not np.all(values == values[0]):
+            return None
+        c = float(values[0])
+        scale = 1.0 / c if root.name == "stablehlo.divide" and c != 0 else c
+        if not math.isfinite(scale) or scale in (0.0, 1.0) or c == 0:
+            return None
+        return 1 - index, scale
+    return None
+
+
+def _reader(op: ir.Operation, analysis: Analysis) -> ir.Operation:
+    """The op that reads a weight through `op` and the layout ops after it (a transposed
+    tied table: the LM head's dot_general)."""
+    for _ in range(8):
+        if op.name not in PEEL:
+            break
+        found = analysis.sole_live_user(op.results[0])
+        if found is None:
+            break
+        op = found
+    return op
+
+
+def _rounded_in(ctx: Context, root: ir.Operation, dtype: np.dtype) -> np.dtype:
+    """The type the original rounds `c x` to: the root's, or a narrower one when its only
+    reader is a narrowing convert (`convert(convert(q, f32) * c, bf16)`: one bf16 rounding
+    of the product, as a bf16 multiply makes)."""
+    user = ctx.analysis.sole_live_user(root.results[0])
+    if user is None or user.name != "stablehlo.convert":
+        return dtype
+    ty = elements.tensor_type(user.results[0])
+    if ty is None or not elements.is_float(ty.element_type):
+        return dtype
+    narrow = elements.numpy_dtype(ty.element_type)
+    return narrow if narrow is not None and precision.is_narrower(narrow, dtype) else dtype
+
+
+def _role(reader: ir.Operation, way: laws.ScalarWay | None) -> str:
+    if reader.name == "stablehlo.gather":
+        return "the table"
+    if reader.name in PRODUCERS:
+        return "the kernel"
+    if way is not None and not way.terminal:
+        return "the constant"
+    return "the constant factor"
+
+
+def _narrower(value: ir.Value, dtype: np.dtype, compute: np.dtype) -> Refusal:
+    v, c = precision.type_name(dtype), precision.type_name(compute)
+    return Refusal(Code.PRECISION, f"precision: the scale is applied in {c} but {_name(value)} is "
+                                   f"{v}; moving it there would round it in {v} (relative error "
+                                   f"up to {precision.unit_roundoff(dtype):.1e} instead of "
+                                   f"{precision.unit_roundoff(compute):.1e}). Keep the scale, or "
+                                   f"scale in {v}")
+
+
+def _name(value: ir.Value) -> str:
+    owner = defining_op(value)
+    return f"the result of {owner.name}" if owner is not None else "a block argument"
+
+
+PATTERN = FoldScale()
