@@ -47,7 +47,7 @@ from bnfold import elements, laws, precision, producers
 from bnfold.analysis import Analysis
 from bnfold.constants import map_axis_through_reshape, per_channel
 from bnfold.graph import callee_name, defining_op, function_name
-from bnfold.ir import ir, stablehlo
+from bnfold.ir import format_location, ir, stablehlo
 from bnfold.patterns.base import Pattern, Stage
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
 from bnfold.refusal import Code, Refusal
@@ -225,7 +225,7 @@ def _short(op: ir.Operation) -> str:
 
 
 def _where(op: ir.Operation) -> str:
-    return str(op.location)
+    return format_location(op.location)
 
 
 def _nonlinear(user: ir.Operation, v: ir.Value, analysis: Analysis) -> str:
