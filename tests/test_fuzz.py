@@ -142,6 +142,8 @@ STRATA: dict[str, tuple[dict, str | None]] = {
     "f16_sum_pool": ({"dtypes": ("f16",), "force_steps": ("amplify", "sum_pool"), "rising_weights": True},
                      "f16_sum_pool"),
     "private_call": ({"force_steps": ("helper",)}, "call"),
+    # A transformer norm (statistics at run time) read by several linear layers.
+    "norm_fan_out": ({"force_steps": ("norm",)}, "norm_fan_out"),
 }
 CI_EXAMPLES = int(os.environ.get("BNFOLD_FUZZ_EXAMPLES", 12))  # per stratum
 THOROUGH_EXAMPLES = int(os.environ.get("BNFOLD_FUZZ_EXAMPLES", 2000))  # per stratum

@@ -37,7 +37,7 @@ Precision: each kernel is scaled in float64 and rounded once to its type
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -63,7 +63,7 @@ NAME = "forward-norm"
 _LAYOUT = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
 _ELEMENTWISE = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
                 "stablehlo.negate", "stablehlo.convert")
-_MAX_OPS = 64  # elementwise ops looked at behind one value
+_MAX_DEPTH = 8  # elementwise ops between a norm's statistics and its result, at most
 _STATISTICS = ("stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.reduce")
 _STATISTICS_DEPTH = 10  # ops between a norm's statistics and its result, at most
 
@@ -93,74 +93,95 @@ class Form:
 
 
 def factor(value: ir.Value, axis: int, analysis: Analysis) -> Form:
-    """`value` as `n * g + b` per channel along `axis` (bare where no law applies)."""
+    """`value` as `n * g + b` per channel along `axis` (bare where no law applies).
+
+    The walk looks `_MAX_DEPTH` elementwise ops back at most: a norm's affine sits right
+    before its result, and what lies further up (the rest of the network) stays bare."""
     channels = ir.RankedTensorType(value.type).shape[axis]
     memo: dict[ir.Value, Form] = {}
-    budget = [_MAX_OPS]
     shape = list(ir.RankedTensorType(value.type).shape)
     home = defining_op(value)
     block = home.block if home is not None else None
 
-    def bare(v: ir.Value) -> Form:
-        return Form(laws.Factored.bare(channels), Bare(v), ())
-
-    def visit(v: ir.Value) -> Form:
+    def visit(v: ir.Value, depth: int) -> Form:
         if v in memo:
             return memo[v]
         owner = defining_op(v)
-        found = bare(v)
-        if owner is not None and owner.name in _ELEMENTWISE and budget[0] > 0 and \
+        found = Form(laws.Factored.bare(channels), Bare(v), ())
+        if owner is not None and owner.name in _ELEMENTWISE and depth < _MAX_DEPTH and \
                 owner.block == block and list(ir.RankedTensorType(v.type).shape) == shape:
-            budget[0] -= 1
-            found = _factor_op(owner, v, axis, analysis, visit) or found
+            found = _factor_op(owner, v, axis, analysis,
+                               lambda u: visit(u, depth + 1)) or found
         memo[v] = found
         return found
 
-    return visit(value)
+    return visit(value, 0)
 
 
-def _factor_op(op: ir.Operation, v: ir.Value, axis: int, analysis: Analysis, visit
-               ) -> Form | None:
-    """The form of `op`'s result by its law, or None (bare)."""
-    parts: list[laws.Operand] = []
-    forms: list[Form | None] = []
+def _factor_op(op: ir.Operation, v: ir.Value, axis: int, analysis: Analysis,
+               visit: Callable[[ir.Value], Form]) -> Form | None:
+    """The form of `op`'s result by its law, or None (bare).
+
+    Where the law does not apply to the operands' forms (a product of a form with a
+    shift: `(x + bias - mean) * (r * g)`, the bias of the layer before), it is tried again
+    with such operands taken as they are (bare: their own value, g = 1, b = 0)."""
+    operands: list[Form | np.ndarray] = []  # a run-time operand's form, a constant's vector
     for operand in op.operands:
         const = analysis.constant(operand)
-        if const is not None:
-            vector = per_channel(const, axis)
-            if isinstance(vector, Refusal):
-                return None  # varies along another axis: not this affine
-            parts.append(vector)
-            forms.append(None)
-        else:
-            form = visit(operand)
-            parts.append(form.factored)
-            forms.append(form)
-    if all(f is None for f in forms):
-        return None
-    if all(f is None or f.factored.is_bare for f in forms) and \
-            all(f is not None for f in forms):
+        if const is None:
+            operands.append(visit(operand))
+            continue
+        vector = per_channel(const, axis)
+        if isinstance(vector, Refusal):
+            return None  # varies along another axis: not this affine
+        operands.append(vector)
+    shaped = [i for i, f in enumerate(operands)
+              if isinstance(f, Form) and not f.factored.is_bare]
+    if len(shaped) == len(operands) == 0 or \
+            (not shaped and all(isinstance(f, Form) for f in operands)):
         return None  # nothing constant anywhere behind it: the value is its own bare n
+    resets = [frozenset(), *(frozenset({i}) for i in shaped)]
+    if len(shaped) > 1:
+        resets.append(frozenset(shaped))
+    for reset in resets:
+        found = _law(op, v, [_bare(op.operands[i], f) if i in reset else f
+                             for i, f in enumerate(operands)])
+        if found is not None:
+            return found
+    return None
+
+
+def _bare(value: ir.Value, form: Form | np.ndarray) -> Form:
+    """`value` taken as it is: its own bare value (g = 1, b = 0)."""
+    assert isinstance(form, Form)
+    return Form(laws.Factored.bare(form.factored.g.shape[0]), Bare(value), ())
+
+
+def _law(op: ir.Operation, v: ir.Value, operands: list[Form | np.ndarray]) -> Form | None:
+    """The law of `op` on its operands' forms and constant vectors, or None."""
+    forms = [f if isinstance(f, Form) else None for f in operands]
+    if not any(f is not None and not f.factored.is_bare for f in forms) and \
+            all(f is not None for f in forms):
+        return None
     widening = True
     if op.name == "stablehlo.convert":
         source = elements.numpy_dtype(ir.RankedTensorType(op.operands[0].type).element_type)
         target = elements.numpy_dtype(ir.RankedTensorType(v.type).element_type)
         widening = source is not None and target is not None and \
             not precision.is_narrower(target, source)
-    law = laws.factor(op.name, parts, widening=widening)
+    law = laws.factor(op.name, [f.factored if isinstance(f, Form) else f for f in operands],
+                      widening=widening)
     if law is None:
         return None
     consumed = tuple(o for f in forms if f is not None for o in f.consumed)
-    has_constant = any(f is None for f in forms)
-    if has_constant:
+    if any(f is None for f in forms):
         consumed = (*consumed, op)
     if law.build == "op":
-        sub = tuple(f.bare if f is not None else Bare(v) for f in forms)
-        if all(f is None or f.bare.op is None and f.bare.value == operand and not f.bare.negate
+        if all(f is None or (f.bare.op is None and f.bare.value == operand and not f.bare.negate)
                for f, operand in zip(forms, op.operands, strict=True)):
             built = Bare(v)  # the operands are their own bare values: so is this
         else:
-            built = Bare(v, op, sub)
+            built = Bare(v, op, tuple(f.bare if f is not None else Bare(v) for f in forms))
     else:
         kept = forms[law.operand]
         assert kept is not None
@@ -181,38 +202,41 @@ class Consumer:
     axis: int  # the feature axis of the value (before the path) that the layer contracts
 
 
-def consumers(value: ir.Value, analysis: Analysis) -> list[Consumer] | Refusal:
-    """Every linear layer `value` reaches through layout ops, or the first use that is not
-    linear."""
+def consumers(value: ir.Value, analysis: Analysis) -> tuple[list[Consumer], Refusal | None]:
+    """Every linear layer `value` reaches through layout ops, and the first use that is
+    not linear (None when there is none)."""
     found: list[Consumer] = []
+    problems: list[Refusal] = []
 
-    def walk(v: ir.Value, path: tuple[ir.Operation, ...]) -> Refusal | None:
-        readers = analysis.live_users(v)
-        if not readers:
-            return None
-        for user in readers:
+    def walk(v: ir.Value, path: tuple[ir.Operation, ...]) -> None:
+        for user in analysis.live_users(v):
             if user.name in _LAYOUT and user.operands[0] == v and len(user.results) == 1 and \
-                    elements.ranked_type(user.results[0]) is not None and \
                     _float(user.results[0]):
-                problem = walk(user.results[0], (*path, user))
-                if problem is not None:
-                    return problem
+                walk(user.results[0], (*path, user))
                 continue
-            if producers.is_producer(user):
-                index = _activation(user, v, analysis)
-                if index is not None:
-                    axis = _axis_back(path, _input_axis(user, index), v)
-                    if axis is None:
-                        return Refusal(Code.AXIS, f"forward-norm: a reshape before the "
-                                                  f"{_short(user)} at {_where(user)} merges or "
-                                                  f"splits the feature axis")
-                    found.append(Consumer(user, index, path, axis))
-                    continue
-            return Refusal(Code.NONLINEAR_CONSUMER, _nonlinear(user, v, analysis))
-        return None
+            index = _activation(user, v, analysis) if producers.is_producer(user) else None
+            if index is None:
+                problems.append(Refusal(Code.NONLINEAR_CONSUMER, _nonlinear(user)))
+                continue
+            axis = _axis_back(path, _input_axis(user, index))
+            if axis is None:
+                problems.append(Refusal(Code.AXIS, f"forward-norm: a reshape before the "
+                                                   f"{_short(user)} at {_where(user)} merges "
+                                                   f"or splits the feature axis"))
+                continue
+            found.append(Consumer(user, index, path, axis))
 
-    problem = walk(value, ())
-    return problem if problem is not None else found
+    walk(value, ())
+    return found, (problems[0] if problems else None)
+
+
+def feature_axis(value: ir.Value, found: list[Consumer]) -> int | None:
+    """The axis of `value` every layer contracts (the last one when no layer reads it),
+    or None when they disagree."""
+    axes = {c.axis for c in found}
+    if not axes:
+        return ir.RankedTensorType(value.type).rank - 1
+    return axes.pop() if len(axes) == 1 else None
 
 
 def _float(v: ir.Value) -> bool:
@@ -228,7 +252,7 @@ def _where(op: ir.Operation) -> str:
     return format_location(op.location)
 
 
-def _nonlinear(user: ir.Operation, v: ir.Value, analysis: Analysis) -> str:
+def _nonlinear(user: ir.Operation) -> str:
     at = _where(user)
     if user.name == "func.return":
         what = "leaves the function (func.return)"
@@ -266,7 +290,7 @@ def _input_axis(op: ir.Operation, index: int) -> int | None:
     return contracting[0] if len(contracting) == 1 else None
 
 
-def _axis_back(path: tuple[ir.Operation, ...], axis: int | None, start: ir.Value) -> int | None:
+def _axis_back(path: tuple[ir.Operation, ...], axis: int | None) -> int | None:
     """The producer-input axis mapped back through `path` to the value it starts at."""
     if axis is None:
         return None
@@ -336,28 +360,36 @@ class Plan:
 
 
 def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
-    """The value `root` computes, if linear layers read it and it has a constant affine."""
+    """The value `root` computes, if linear layers read it and it has a constant affine
+    (a refusal when it is a norm with a use that is not linear)."""
     value = root.results[0]
     if not _float(value):
         return None
-    found = consumers(value, analysis)
-    if isinstance(found, Refusal):
-        # Only a value with a constant affine is worth a refusal: along the last axis.
-        form = factor(value, ir.RankedTensorType(value.type).rank - 1, analysis)
-        if form.factored.is_bare or not form.consumed or not _normalizes(value):
-            return None
-        return found
+    found, problem = consumers(value, analysis)
     if not found:
-        return None
-    axes = {c.axis for c in found}
-    if len(axes) != 1:
-        return Refusal(Code.AXIS, f"forward-norm: its linear layers contract different axes "
-                                  f"{sorted(axes)}")
-    axis = axes.pop()
-    form = factor(value, axis, analysis)
+        return None  # no linear layer reads it: the chain's own decision stands
+    axis = feature_axis(value, found)
+    if axis is None:
+        form = factor(value, ir.RankedTensorType(value.type).rank - 1, analysis)
+        problem = Refusal(Code.AXIS, f"forward-norm: its linear layers contract different "
+                                     f"axes {sorted({c.axis for c in found})}")
+    else:
+        form = factor(value, axis, analysis)
     if form.factored.is_bare or not form.consumed or not _normalizes(value):
         return None
+    if problem is not None:
+        return problem
+    assert axis is not None
     return Match(value, axis, form, tuple(found))
+
+
+def refused_form(root: ir.Operation, analysis: Analysis) -> Form:
+    """The form `find` refused (to record the refusal under the norm's op)."""
+    value = root.results[0]
+    found, _ = consumers(value, analysis)
+    axis = feature_axis(value, found)
+    return factor(value, axis if axis is not None else ir.RankedTensorType(value.type).rank - 1,
+                  analysis)
 
 
 def _normalizes(value: ir.Value) -> bool:
@@ -536,9 +568,8 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
     def refuse(self, ctx: Context, subject: ir.Operation | Match, refusal: Refusal) -> None:
         if isinstance(subject, Match):
             form = subject.form
-        else:  # refused in match: a use that is not linear (the form along the last axis)
-            value = subject.results[0]
-            form = factor(value, ir.RankedTensorType(value.type).rank - 1, ctx.analysis)
+        else:  # refused in match: a use that is not linear
+            form = refused_form(subject, ctx.analysis)
         if form.consumed and not any(ctx.ledger.is_folded(op) for op in form.consumed):
             ctx.ledger.refuse(norm_op(form), refusal, form.consumed)
 
