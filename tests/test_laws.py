@@ -517,3 +517,83 @@ def test_every_law_has_a_mean_case():
     predicate: its own result is no value to average)."""
     assert {op for op, _, _ in MEAN_CASES} == set(laws.LAWS), \
         {op for op, _, _ in MEAN_CASES} ^ set(laws.LAWS)
+
+
+# --- factor laws (forward-norm): a value as n * g + b per channel --------------------------
+#
+# Each case gives the operands as ("form", with_shift) for a run-time value n * g + b,
+# ("same", with_shift) for one with the previous form's g, or ("const",) for a
+# per-channel constant; the law's result must satisfy op(values) == bare * g + b on
+# random numbers (float64), with the bare value built as the law says from the operands'
+# bare values -- or the law must refuse (None) where no such form exists.
+FACTOR_CASES: list[tuple[str, tuple[tuple, ...], bool]] = [
+    ("stablehlo.add", (("form", True), ("const",)), True),
+    ("stablehlo.add", (("const",), ("form", True)), True),
+    ("stablehlo.add", (("form", True), ("same", True)), True),
+    ("stablehlo.add", (("form", True), ("form", True)), False),  # different g: no common factor
+    ("stablehlo.subtract", (("form", True), ("const",)), True),
+    ("stablehlo.subtract", (("const",), ("form", True)), True),
+    ("stablehlo.subtract", (("form", True), ("same", False)), True),
+    ("stablehlo.multiply", (("form", True), ("const",)), True),
+    ("stablehlo.multiply", (("const",), ("form", True)), True),
+    ("stablehlo.multiply", (("form", False), ("form", False)), True),
+    ("stablehlo.multiply", (("form", True), ("form", False)), False),  # a shift times a run-time value
+    ("stablehlo.divide", (("form", True), ("const",)), True),
+    ("stablehlo.divide", (("form", False), ("form", False)), True),
+    ("stablehlo.divide", (("const",), ("form", False)), False),  # c / x is not affine
+    ("stablehlo.divide", (("form", True), ("form", False)), False),
+    ("stablehlo.negate", (("form", True),), True),
+    ("stablehlo.convert", (("form", True),), True),
+]
+_NP = {"stablehlo.add": np.add, "stablehlo.subtract": np.subtract,
+       "stablehlo.multiply": np.multiply, "stablehlo.divide": np.divide,
+       "stablehlo.negate": np.negative, "stablehlo.convert": lambda a: a}
+
+
+@pytest.mark.parametrize("op,kinds,holds", FACTOR_CASES,
+                         ids=[f"{op.removeprefix('stablehlo.')}-{'-'.join(k[0] for k in kinds)}-{i}"
+                              for i, (op, kinds, _) in enumerate(FACTOR_CASES)])
+def test_factor_law_holds_on_numbers(op, kinds, holds):
+    rng = np.random.default_rng(3)
+    channels = 5
+    values, bares, parts = [], [], []
+    g = rng.uniform(0.5, 2.0, channels) * rng.choice([-1.0, 1.0], channels)
+    for kind in kinds:
+        if kind[0] == "const":
+            c = rng.uniform(0.5, 2.0, channels)
+            values.append(np.broadcast_to(c, (7, channels)))
+            bares.append(None)
+            parts.append(c)
+            continue
+        gk = g if kind[0] == "same" else rng.uniform(0.5, 2.0, channels)
+        g = gk
+        b = rng.normal(0, 1, channels) if kind[1] else np.zeros(channels)
+        n = rng.normal(0, 1, (7, channels)) + 3.0
+        values.append(n * gk + b)
+        bares.append(n)
+        parts.append(laws.Factored(gk, b))
+    law = laws.factor(op, parts)
+    if not holds:
+        assert law is None
+        return
+    assert law is not None
+    if law.build == "op":
+        built = _NP[op](*[n if n is not None else 1.0 for n in bares])
+    else:
+        built = bares[law.operand] * (-1.0 if law.build == "negate" else 1.0)
+    expected = _NP[op](*values)
+    np.testing.assert_allclose(built * law.factored.g + law.factored.b, expected, rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_a_narrowing_convert_has_no_factor_law():
+    form = laws.Factored(np.full(3, 2.0), np.ones(3))
+    assert laws.factor("stablehlo.convert", [form], widening=False) is None
+
+
+def test_every_factor_law_has_cases_and_is_in_the_fuzzer_grammar():
+    import regiongen
+
+    assert {op for op, _, _ in FACTOR_CASES} == set(laws.FACTOR_LAWS)
+    assert set(laws.FACTOR_LAWS) <= set(regiongen.STEP_OPS["norm"]) | {"stablehlo.convert"}
+    assert set(laws.FACTOR_LAWS) <= set(regiongen.GRAMMAR_OPS)

@@ -121,6 +121,7 @@ MODULES = [
     ("lit:absorb-high-bias.mlir", {"equalize": True, "absorb_high_bias": True}),
     ("lit:equalize.mlir", {"equalize": True}),
     ("lit:forward-affine.mlir", {}),
+    ("lit:forward-norm.mlir", {}),
     ("models/haiku_resnet_nhwc.mlir", {"equalize": True, "quantize_weights": "int8",
                                        "bias_correction": True}),
     ("lit:quantize-weights.mlir", {"quantize_weights": "int4", "bias_correction": True,

@@ -1125,18 +1125,17 @@ class Factoring:
 Operand = Factored | np.ndarray  # a run-time value's form, or a constant's per-channel vector
 
 
-def _keep(f: Factored, g: np.ndarray, b: np.ndarray, operand: int,
-          build: str = "keep") -> Factoring:
+def _keep(g: np.ndarray, b: np.ndarray, operand: int, build: str = "keep") -> Factoring:
     return Factoring(Factored(g, b), build, operand)
 
 
 def _factor_add(a: Operand, c: Operand, sign: float) -> Factoring | None:
     if isinstance(a, Factored) and not isinstance(c, Factored):
-        return _keep(a, a.g, a.b + sign * c, 0)  # (n g + b) + c
+        return _keep(a.g, a.b + sign * c, 0)  # (n g + b) + c
     if isinstance(c, Factored) and not isinstance(a, Factored):
         if sign > 0:
-            return _keep(c, c.g, c.b + a, 1)  # c + (n g + b)
-        return _keep(c, c.g, a - c.b, 1, "negate")  # c - (n g + b) = (-n) g + (c - b)
+            return _keep(c.g, c.b + a, 1)  # c + (n g + b)
+        return _keep(c.g, a - c.b, 1, "negate")  # c - (n g + b) = (-n) g + (c - b)
     assert isinstance(a, Factored) and isinstance(c, Factored)
     if not np.array_equal(a.g, c.g):
         return None  # n1 g1 + n2 g2 has no common per-channel factor
@@ -1145,9 +1144,9 @@ def _factor_add(a: Operand, c: Operand, sign: float) -> Factoring | None:
 
 def _factor_multiply(a: Operand, c: Operand) -> Factoring | None:
     if isinstance(a, Factored) and not isinstance(c, Factored):
-        return _keep(a, a.g * c, a.b * c, 0)
+        return _keep(a.g * c, a.b * c, 0)
     if isinstance(c, Factored) and not isinstance(a, Factored):
-        return _keep(c, c.g * a, c.b * a, 1)
+        return _keep(c.g * a, c.b * a, 1)
     assert isinstance(a, Factored) and isinstance(c, Factored)
     if np.any(a.b != 0) or np.any(c.b != 0):
         return None  # (n1 g1 + b1) * (n2 g2) is not n g + b
@@ -1160,7 +1159,7 @@ def _factor_divide(a: Operand, c: Operand) -> Factoring | None:
     if not isinstance(c, Factored):
         if np.any(c == 0):
             return None
-        return _keep(a, a.g / c, a.b / c, 0)
+        return _keep(a.g / c, a.b / c, 0)
     if np.any(a.b != 0) or np.any(c.b != 0) or np.any(c.g == 0):
         return None
     return Factoring(Factored(a.g / c.g, np.zeros_like(a.b)), "op")  # (n1 / n2) (g1 / g2)
