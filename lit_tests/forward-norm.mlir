@@ -244,6 +244,35 @@ func.func @through_a_head_reshape(%x: tensor<4x2xf32>, %var: tensor<4x1xf32>) ->
 
 // -----
 
+// The law of `c - x`: beta - n * gamma = (-n) * gamma + beta. The bare value is
+// the negated normalized value.
+
+// CHECK-LABEL: @constant_minus_the_scaled_value
+// CHECK:         %[[N:.+]] = stablehlo.multiply %{{.+}}, %{{.+}} : tensor<4x2xf32>
+// CHECK-NEXT:    %[[NEG:.+]] = stablehlo.negate %[[N]] : tensor<4x2xf32>
+// CHECK-NEXT:    %[[W1:.+]] = stablehlo.constant dense<{{\[\[}}2.000000e+00, 0.000000e+00, 2.000000e+00], [0.000000e+00, 4.000000e+00, 4.000000e+00]]>
+// CHECK-NEXT:    %[[Q:.+]] = stablehlo.dot_general %[[NEG]], %[[W1]]
+// CHECK-NEXT:    %[[B1:.+]] = stablehlo.constant dense<[1.000000e+00, 3.000000e+00, 4.000000e+00]>
+// CHECK:         stablehlo.dot_general %[[NEG]]
+func.func @constant_minus_the_scaled_value(%x: tensor<4x2xf32>, %var: tensor<4x1xf32>) -> (tensor<4x3xf32>, tensor<4x2xf32>) {
+  %g = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %w1 = stablehlo.constant dense<[[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]> : tensor<2x3xf32>
+  %w2 = stablehlo.constant dense<[[1.0, 1.0], [1.0, -1.0]]> : tensor<2x2xf32>
+  %r = stablehlo.rsqrt %var : tensor<4x1xf32>
+  %rb = stablehlo.broadcast_in_dim %r, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x2xf32>
+  %n = stablehlo.multiply %x, %rb : tensor<4x2xf32>
+  %gb = stablehlo.broadcast_in_dim %g, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %bb = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %s = stablehlo.multiply %n, %gb : tensor<4x2xf32>
+  %v = stablehlo.subtract %bb, %s : tensor<4x2xf32>
+  %q = stablehlo.dot_general %v, %w1, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
+  %k = stablehlo.dot_general %v, %w2, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x2xf32>) -> tensor<4x2xf32>
+  return %q, %k : tensor<4x3xf32>, tensor<4x2xf32>
+}
+
+// -----
+
 // Post-norm (BERT): the normalized value also feeds the residual add. Nothing
 // folds; the affine and both layers stay as they were.
 

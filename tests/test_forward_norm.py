@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import ml_dtypes
 import numpy as np
 import pytest
-from numerics import check_close, relative_error, run_xla
 
 import bnfold
+from numerics import check_close, relative_error, run_xla
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 

@@ -472,12 +472,13 @@ def _build_bare(rewriter: Rewriter, bare: Bare, memo: dict[int, ir.Value]) -> ir
     key = id(bare)
     if key in memo:
         return memo[key]
+    result: ir.Value
     if bare.negate:
         inner = _build_bare(rewriter, bare.parts[0], memo)
         owner = defining_op(bare.value)
         assert owner is not None
         with ir.InsertionPoint(owner), owner.location:
-            result = stablehlo.NegateOp(inner).result
+            result = stablehlo.NegOp(inner).result
     elif bare.op is None:
         result = bare.value
     else:
@@ -499,7 +500,7 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
         current = value
         for op in c.path:
             key = id(op)  # ops of this walk: alive for the whole apply
-            found = next((r for o, r in paths.items() if o == key), None)
+            found = paths.get(key)
             if found is None:
                 found = rewriter.clone(op, {0: current}).results[0]
                 paths[key] = found
