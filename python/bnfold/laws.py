@@ -1196,3 +1196,61 @@ FACTOR_LAWS: dict[str, str] = {
     "stablehlo.convert": "a widening float convert is exact: convert(n) g + b; a narrowing "
                          "one rounds where it stands (its result is bare)",
 }
+
+
+# --- a scalar factor through an op (attention-scale) -----------------------------------------
+#
+# A scalar c that multiplies an op's result moves onto one of its operands: `index`
+# (the value computed at run time to go on with), rescaling a constant `bias` operand
+# too; or the op absorbs it (`ends`: its constant operand `index` times c).
+
+
+@dataclass(frozen=True)
+class ScalarLaw:
+    index: int
+    ends: bool = False
+    bias: int | None = None
+
+
+SCALAR_LAWS: dict[str, str] = {
+    "stablehlo.reshape": "reshape(x) c = reshape(x c)",
+    "stablehlo.transpose": "transpose(x) c = transpose(x c)",
+    "stablehlo.broadcast_in_dim": "broadcast(x) c = broadcast(x c)",
+    "stablehlo.negate": "(-x) c = -(x c)",
+    "stablehlo.convert": "convert(x) c = convert(x c) for a widening float convert (a "
+                         "narrowing one rounds where it stands)",
+    "stablehlo.add": "(x + b) c = x c + b c: the constant b is rescaled",
+    "stablehlo.subtract": "(x - b) c = x c - b c; (b - x) c = b c - x c",
+    "stablehlo.multiply": "(x k) c = x (k c): absorbed by the constant k",
+    "stablehlo.divide": "(x / k) c = x / (k / c): absorbed by the constant k",
+    "stablehlo.dot_general": "dot(x, W) c = dot(x, W c): absorbed by the constant kernel",
+    "stablehlo.convolution": "conv(x, K) c = conv(x, K c): absorbed by the constant kernel",
+}
+
+
+def scalar_law(op: ir.Operation, constant: Callable[[ir.Value], Const | None]
+               ) -> ScalarLaw | Refusal:
+    """Where a scalar factor of `op`'s result goes (see `SCALAR_LAWS`), or why nowhere."""
+    name = op.name
+    operands = list(op.operands)
+    const = [constant(v) is not None for v in operands]
+    if name in ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.broadcast_in_dim",
+                "stablehlo.negate"):
+        return ScalarLaw(0)
+    if name == "stablehlo.convert":
+        if _float_convert(op) and _convert_precision(op) is not Precision.NARROWS:
+            return ScalarLaw(0)
+        return Refusal(Code.NARROWING, "a narrowing convert rounds where it stands: a scale "
+                                       "does not move across it")
+    if len(operands) == 2 and const.count(True) == 1:
+        c = const.index(True)
+        if name in ("stablehlo.add", "stablehlo.subtract"):
+            return ScalarLaw(1 - c, bias=c)
+        if name == "stablehlo.multiply":
+            return ScalarLaw(c, ends=True)
+        if name == "stablehlo.divide" and c == 1:
+            return ScalarLaw(1, ends=True)
+        if name in ("stablehlo.dot_general", "stablehlo.convolution"):
+            return ScalarLaw(c, ends=True)
+    return Refusal(Code.NO_LAW, f"no law moves a scalar across {name} "
+                                f"({'computed at run time' if not any(const) else 'c / x'})")

@@ -56,6 +56,10 @@ REGISTRY: tuple[Entry, ...] = (
           "fold a normalization's affine (LayerNorm, RMSNorm, Gemma's 1 + w, in every "
           "spelling) into every convolution/dot_general that reads it",
           "bnfold.patterns.forward_norm", Stage.FOLD),
+    Entry("attention-scale",
+          "move a scalar scale of attention logits (q k^T / sqrt(d)) into the weight of Q, "
+          "or into the q-norm's weight",
+          "bnfold.patterns.attention_scale", Stage.FOLD),
     Entry("merge-bias",
           "merge a forward fold's new bias with the affine steps after its producer",
           "bnfold.patterns.merge_bias", Stage.FOLD),
