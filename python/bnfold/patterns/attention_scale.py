@@ -157,11 +157,12 @@ def _walk(m: Match, start: ir.Value, analysis: Analysis) -> Plan | Refusal:
                 return end.wrap("attention-scale")
             hops.reverse()
             return Plan(m, op, end, tuple(hops))
-        bias = None
+        bias: KernelRewrite | None = None
         if law.bias is not None:
-            bias = _constant(op, law.bias, m.factor, analysis)
-            if isinstance(bias, Refusal):
-                return bias.wrap("attention-scale")
+            scaled = _constant(op, law.bias, m.factor, analysis)
+            if isinstance(scaled, Refusal):
+                return scaled.wrap("attention-scale")
+            bias = scaled
         hops.append(Hop(op, law.index, bias))
         reader, value = op, op.operands[law.index]
     return Refusal(Code.LIMIT, "attention-scale: more than 64 ops between the scale and a layer")
