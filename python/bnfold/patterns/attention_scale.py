@@ -33,7 +33,7 @@ for a power of two: 1/sqrt(64), 1/sqrt(256)).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -202,7 +202,13 @@ def _end_constant(op: ir.Operation, index: int, factor: float, analysis: Analysi
 
 
 def plan(m: Match, analysis: Analysis) -> Plan | Refusal:
-    return _walk(m, m.start, analysis)
+    """Along q (the product's first operand) or, failing that, along k."""
+    first = _walk(m, m.start, analysis)
+    if not isinstance(first, Refusal) or m.product is None:
+        return first
+    other = replace(m, side=1, start=m.product.operands[1])
+    second = _walk(other, other.start, analysis)
+    return first if isinstance(second, Refusal) else second
 
 
 def _where(op: ir.Operation) -> str:
