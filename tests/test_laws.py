@@ -597,3 +597,73 @@ def test_every_factor_law_has_cases_and_is_in_the_fuzzer_grammar():
     assert {op for op, _, _ in FACTOR_CASES} == set(laws.FACTOR_LAWS)
     assert set(laws.FACTOR_LAWS) <= set(regiongen.STEP_OPS["norm"]) | {"stablehlo.convert"}
     assert set(laws.FACTOR_LAWS) <= set(regiongen.GRAMMAR_OPS)
+
+
+# --- scalar laws (attention-scale): a scalar of q k^T moved back along q ---------------------
+#
+# x -> dot(x, W) -> REGION (%q to %r) -> dot(%r, k) * 0.125: the scale must move into W or
+# the constant that ends the way, keeping the function (f64, against the original on XLA),
+# or be refused with the expected code.
+SCALAR_TEMPLATE = """
+func.func @main(%x: tensor<4x3xf64>, %k: tensor<5x3xf64>) -> tensor<4x5xf64> {{
+  %w = stablehlo.constant dense<[[1.0, -2.0, 0.5], [3.0, 4.0, -1.0], [0.25, 2.0, 8.0]]> : tensor<3x3xf64>
+  %q = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x3xf64>, tensor<3x3xf64>) -> tensor<4x3xf64>
+{region}
+  %l = stablehlo.dot_general %r, %k, contracting_dims = [1] x [1] : (tensor<4x3xf64>, tensor<5x3xf64>) -> tensor<4x5xf64>
+  %c = stablehlo.constant dense<0.125> : tensor<4x5xf64>
+  %s = stablehlo.multiply %l, %c : tensor<4x5xf64>
+  return %s : tensor<4x5xf64>
+}}
+"""
+_B = "%b = stablehlo.constant dense<[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]> : tensor<4x3xf64>"
+SCALAR_CASES: dict[str, tuple[str, str, str | None]] = {
+    # name: (op, region, refusal code or None)
+    "dot_general": ("stablehlo.dot_general", "%r = stablehlo.add %q, %q : tensor<4x3xf64>",
+                    "no-law"),
+    "dot_general_end": ("stablehlo.dot_general", "%r = stablehlo.negate %q : tensor<4x3xf64>", None),
+    "reshape": ("stablehlo.reshape", "%a = stablehlo.reshape %q : (tensor<4x3xf64>) -> tensor<2x2x3xf64>\n"
+                "%r = stablehlo.reshape %a : (tensor<2x2x3xf64>) -> tensor<4x3xf64>", None),
+    "transpose": ("stablehlo.transpose", "%a = stablehlo.transpose %q, dims = [1, 0] : (tensor<4x3xf64>) -> tensor<3x4xf64>\n"
+                  "%r = stablehlo.transpose %a, dims = [1, 0] : (tensor<3x4xf64>) -> tensor<4x3xf64>", None),
+    "broadcast_in_dim": ("stablehlo.broadcast_in_dim", "%a = stablehlo.broadcast_in_dim %q, dims = [1, 2] : (tensor<4x3xf64>) -> tensor<1x4x3xf64>\n"
+                         "%r = stablehlo.reshape %a : (tensor<1x4x3xf64>) -> tensor<4x3xf64>", None),
+    "negate": ("stablehlo.negate", "%r = stablehlo.negate %q : tensor<4x3xf64>", None),
+    "narrowing_convert": ("stablehlo.convert", "%a = stablehlo.convert %q : (tensor<4x3xf64>) -> tensor<4x3xf32>\n"
+                          "%r = stablehlo.convert %a : (tensor<4x3xf32>) -> tensor<4x3xf64>", "narrowing-convert"),
+    "add_bias": ("stablehlo.add", f"{_B}\n%r = stablehlo.add %q, %b : tensor<4x3xf64>", None),
+    "subtract_bias": ("stablehlo.subtract", f"{_B}\n%r = stablehlo.subtract %q, %b : tensor<4x3xf64>", None),
+    "bias_minus_q": ("stablehlo.subtract", f"{_B}\n%r = stablehlo.subtract %b, %q : tensor<4x3xf64>", None),
+    "multiply_end": ("stablehlo.multiply", f"{_B}\n%r = stablehlo.multiply %q, %b : tensor<4x3xf64>", None),
+    "divide_end": ("stablehlo.divide", f"{_B}\n%r = stablehlo.divide %q, %b : tensor<4x3xf64>", None),
+    "convolution_end": ("stablehlo.convolution",
+                        "%kc = stablehlo.constant dense<[[[[1.0, 0.0, 2.0], [0.5, 1.0, 0.0], [0.0, -1.0, 1.0]]]]> : tensor<1x1x3x3xf64>\n"
+                        "%q4 = stablehlo.reshape %q : (tensor<4x3xf64>) -> tensor<1x4x1x3xf64>\n"
+                        "%cv = stablehlo.convolution(%q4, %kc) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x4x1x3xf64>, tensor<1x1x3x3xf64>) -> tensor<1x4x1x3xf64>\n"
+                        "%r = stablehlo.reshape %cv : (tensor<1x4x1x3xf64>) -> tensor<4x3xf64>", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCALAR_CASES))
+def test_scalar_law_moves_the_attention_scale_and_keeps_the_function(name):
+    _, region, code = SCALAR_CASES[name]
+    text = SCALAR_TEMPLATE.format(region="\n".join("  " + line for line in region.split("\n")))
+    out = bnfold.fold_source(text)
+    report = out.report
+    folded = [f for f in report.folds if f.form == "scale"]
+    if code is None:
+        assert folded, [s.to_json() for s in report.skipped]
+        assert "stablehlo.multiply %" not in out.serialize().decode().split("dot_general")[-1]
+    else:
+        assert not folded
+        assert code in {s.code for s in report.skipped}, [s.to_json() for s in report.skipped]
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(0, 1, (4, 3)), rng.normal(0, 1, (5, 3))]
+    expected, actual = run_xla(text, xs), run_xla(out.serialize().decode(), xs)
+    assert numerics.relative_error(actual[0], expected[0]) < 1e-12
+
+
+def test_every_scalar_law_has_cases_and_is_in_the_fuzzer_grammar():
+    import regiongen
+
+    assert {op for op, _, _ in SCALAR_CASES.values()} == set(laws.SCALAR_LAWS)
+    assert set(laws.SCALAR_LAWS) <= set(regiongen.GRAMMAR_OPS)
