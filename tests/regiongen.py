@@ -922,7 +922,7 @@ def _batch_norm(b: Builder, y: Val, spec: LayerSpec, loc: str) -> tuple[Val, boo
 
 StepFn = Callable[[Builder, Val, Step], Val]
 # Kinds that cannot run inside a private helper (they need the caller's function).
-_MAIN_ONLY = ("output", "call", "helper", "norm")
+_MAIN_ONLY = ("output", "call", "helper", "norm", "attention")
 
 
 def _region(b: Builder, cur: Val, steps: Sequence[Step]) -> Val:
@@ -1326,6 +1326,42 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
     return out
 
 
+def step_attention(b: Builder, x: Val, s: Step) -> Val:
+    """Attention logits: q and k are linear layers of x (features last), their product
+    over the last axis (batched over the leading ones) is scaled by 1/sqrt(features),
+    loc "scaleK": after the product (variant 0: multiply, 1: divide by sqrt) or on q
+    before it (2: divide). `flag`: q is also a function result (the scale must take k's
+    way). The logits' last axis carries the channels from here on."""
+    axis = x.axis
+    if axis is None or x.dtype not in FLOATS or len(x.shape) < 2 or x.channels < 2:
+        return x  # (one channel: a scale of 1/sqrt(1), nothing to move)
+    c = x.channels
+    loc = f"scale{len(b.norms) + 1}"
+    q, k = (b.dot(x, b.constant(b.rng.normal(0.0, c ** -0.5, (c, c)), x.dtype, kernel=True),
+                  axis, 0, False, f"{loc}_{name}") for name in ("q", "k"))
+    if s.flag:
+        b.extra_outputs.append(q)
+    root = math.sqrt(c)
+    if s.variant % 3 == 2:
+        q = b.binary("divide", q, b.like(q, root, False), loc)
+    rank = len(q.shape)
+    batch = list(range(rank - 2))
+    out = np.matmul(q.value, np.swapaxes(k.value, -1, -2))
+    mag = np.matmul(q.mag, np.swapaxes(k.mag, -1, -2))
+    numbers = (f"#stablehlo.dot<lhs_batching_dimensions = [{', '.join(map(str, batch))}], "
+               f"rhs_batching_dimensions = [{', '.join(map(str, batch))}], "
+               f"lhs_contracting_dimensions = [{rank - 1}], rhs_contracting_dimensions = [{rank - 1}]>")
+    logits = b.node("stablehlo.dot_general", [q, k], T(out.shape, x.dtype), out, rank - 1,
+                    [("dot_dimension_numbers", numbers)], mag=mag)
+    if s.variant % 3 == 0:
+        logits = b.binary("multiply", logits, b.like(logits, 1.0 / root, False), loc)
+    elif s.variant % 3 == 1:
+        logits = b.binary("divide", logits, b.like(logits, root, False), loc)
+    b.norms.append(loc)
+    b.features.add("attention")
+    return logits
+
+
 def step_helper(b: Builder, x: Val, s: Step) -> Val:
     """A private activation helper: @relu6(x) (clamp or maximum + minimum), @act(x, thr)
     = select(x > thr, x, 0), or @act(x, lo, hi) = clamp(lo, x, hi); with `flag`, a
@@ -1368,12 +1404,12 @@ STEPS: dict[str, StepFn] = {
     "relu_add_relu": step_relu_add_relu, "pool": step_pool, "sum_pool": step_sum_pool,
     "reduce": step_reduce, "pad": step_pad, "transpose": step_transpose, "reshape": step_reshape,
     "broadcast": step_broadcast, "residual": step_residual, "output": step_output,
-    "helper": step_helper, "norm": step_norm,
+    "helper": step_helper, "norm": step_norm, "attention": step_attention,
 }
 # Ordered simplest first: hypothesis shrinks towards the front.
 KINDS = ("relu", "bias", "scale", "amplify", "negate", "abs", "double", "relu6", "clamp", "threshold",
          "leaky", "maxmin", "relu_add_relu", "convert", "pool", "reduce", "pad", "transpose", "reshape",
-         "broadcast", "residual", "output", "helper", "call", "norm")
+         "broadcast", "residual", "output", "helper", "call", "norm", "attention")
 
 # The ops each step kind may emit, besides constants and their broadcasts (checked against
 # what is built by test_fuzz::test_the_grammar_emits_what_it_declares). Every law in
@@ -1407,6 +1443,7 @@ STEP_OPS: dict[str, tuple[str, ...]] = {
     "call": ("func.call",),
     "norm": ("stablehlo.reduce", "stablehlo.divide", "stablehlo.subtract", "stablehlo.multiply",
              "stablehlo.add", "stablehlo.rsqrt", "stablehlo.negate", "stablehlo.dot_general"),
+    "attention": ("stablehlo.dot_general", "stablehlo.multiply", "stablehlo.divide"),
 }
 # Layers, biases and batch norms (decomposed or not), and the input normalization.
 LAYER_OPS = ("stablehlo.convolution", "stablehlo.dot_general", "stablehlo.batch_norm_inference",
