@@ -93,3 +93,68 @@ def test_flax_multi_head_attention():
     assert [f.form for f in report.folds].count("scale") == 1, \
         [s.to_json() for s in report.skipped]
     check_close(run_xla(folded, [x]), run_xla(text, [x]), "f32")
+
+
+def _block_of_a_transformer(tag: str):
+    """A pre-norm block: LayerNorm -> Q, K, V (biased) -> attention (scaled after the
+    product) -> output projection -> residual -> RMSNorm -> gate and up -> down -> residual."""
+    dt, npdt = DTYPES[tag]
+    rng = np.random.default_rng(3)
+
+    def p(*shape, mean=0.0, sd=None):
+        sd = sd if sd is not None else (shape[0] ** -0.5 if len(shape) > 1 else 0.3)
+        return rng.normal(mean, sd, shape).astype(np.float32).astype(npdt).astype(np.float64)
+
+    wq, wk, wv, wo = (p(D, D) for _ in range(4))
+    bq, bk, bv = (p(D, sd=0.1) for _ in range(3))
+    g1, b1, g2 = p(D, mean=1.0), p(D), p(D, mean=1.0)
+    w1, w3, w2 = p(D, 2 * D), p(D, 2 * D), p(2 * D, D)
+    scale = float(np.asarray(1 / np.sqrt(DH), np.float32).astype(npdt))
+    j = {k: jnp.asarray(v, dt) for k, v in dict(wq=wq, wk=wk, wv=wv, wo=wo, bq=bq, bk=bk, bv=bv,
+                                                  g1=g1, b1=b1, g2=g2, w1=w1, w3=w3, w2=w2).items()}
+
+    def fn(x):
+        x32 = x.astype(jnp.float32)
+        m = x32.mean(-1, keepdims=True)
+        v = ((x32 - m) ** 2).mean(-1, keepdims=True)
+        h = ((x32 - m) * jax.lax.rsqrt(v + 1e-5)).astype(dt) * j["g1"] + j["b1"]
+        q, k, vv = ((h @ j[w] + j[b]).reshape(B, T, H, DH)
+                    for w, b in (("wq", "bq"), ("wk", "bk"), ("wv", "bv")))
+        logits = jnp.einsum("bthd,bshd->bhts", q, k) * jnp.asarray(scale, dt)
+        a = jnp.einsum("bhts,bshd->bthd", jax.nn.softmax(logits, -1), vv).reshape(B, T, D)
+        x = x + a @ j["wo"]
+        x32 = x.astype(jnp.float32)
+        h = j["g2"] * (x32 * jax.lax.rsqrt((x32 * x32).mean(-1, keepdims=True) + 1e-6)).astype(dt)
+        return x + (jax.nn.silu(h @ j["w1"]) * (h @ j["w3"])) @ j["w2"]
+
+    def reference(x):
+        m = x.mean(-1, keepdims=True)
+        h = (x - m) / np.sqrt(((x - m) ** 2).mean(-1, keepdims=True) + 1e-5) * g1 + b1
+        q, k, vv = ((h @ w + b).reshape(B, T, H, DH) for w, b in ((wq, bq), (wk, bk), (wv, bv)))
+        logits = np.einsum("bthd,bshd->bhts", q, k) * scale
+        a = np.einsum("bhts,bshd->bthd", _softmax(logits), vv).reshape(B, T, D)
+        x = x + a @ wo
+        h = g2 * x / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6)
+        gate = h @ w1
+        return x + (gate / (1 + np.exp(-gate)) * (h @ w3)) @ w2
+
+    return fn, reference
+
+
+@pytest.mark.parametrize("tag", ["f32", "bf16"])
+def test_a_transformer_block_folds_both_norms_and_the_scale(tag):
+    fn, reference = _block_of_a_transformer(tag)
+    _, npdt = DTYPES[tag]
+    x = np.random.default_rng(4).normal(0, 1, (B, T, D)).astype(np.float32).astype(npdt)
+    text = jax.jit(fn).lower(jnp.asarray(x)).as_text()
+    folded, report = bnfold.fold_text(text)
+    assert sorted(f.note.split()[2] for f in report.folds if f.kind == "normalization") == \
+        ["2", "3"], [f.to_json() for f in report.folds]
+    assert [f.form for f in report.folds].count("scale") == 1
+    original, output = run_xla(text, [x]), run_xla(folded, [x])
+    check_close(output, original, tag)
+    ref = reference(x.astype(np.float64))
+    before, after = relative_error(original[0], ref), relative_error(output[0], ref)
+    unit = float(ml_dtypes.finfo(npdt).eps) / 2
+    assert before < 50 * unit, before
+    assert after <= 1.5 * before + unit, (before, after)
