@@ -35,9 +35,7 @@ class Code(enum.Enum):
     SYMBOLIC = "symbolic"  # a symbolic channel or spatial size
     NOT_FLOAT = "not-float"
     NOT_LINEAR = "not-linear"  # it feeds (or is fed by) a nonlinear op
-    # A normalized value with a use that is not a linear layer (a residual add, a value
-    # leaving the function, attention's q @ k^T): its affine cannot fold into its layers.
-    NONLINEAR_CONSUMER = "nonlinear-consumer"
+    NONLINEAR_CONSUMER = "nonlinear-consumer"  # a normalized value has a use that is not a linear layer
     NOTHING = "nothing-to-do"
     # The precision contract.
     PRECISION = "precision"  # a kernel or bias would overflow, underflow or narrow
