@@ -520,11 +520,13 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
 
 
 def norm_op(form: Form) -> ir.Operation:
-    """The op a norm's decision is recorded under: its first scaling op with a constant."""
-    for op in form.consumed:
+    """The op a norm's decision is recorded under: its scaling op with a constant nearest
+    to the normalized value (the weight's multiply; not a scale further up the network
+    that the walk also factored)."""
+    for op in reversed(form.consumed):
         if op.name in ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate"):
             return op
-    return form.consumed[0]
+    return form.consumed[-1]
 
 
 class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
