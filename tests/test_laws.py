@@ -612,3 +612,153 @@ def test_every_law_has_a_mean_case():
     predicate: its own result is no value to average)."""
     assert {op for op, _, _ in MEAN_CASES} == set(laws.LAWS), \
         {op for op, _, _ in MEAN_CASES} ^ set(laws.LAWS)
+
+
+# --- factor laws (forward-norm): a value as n * g + b per channel --------------------------
+#
+# Each case gives the operands as ("form", with_shift) for a run-time value n * g + b,
+# ("same", with_shift) for one with the previous form's g, or ("const",) for a
+# per-channel constant; the law's result must satisfy op(values) == bare * g + b on
+# random numbers (float64), with the bare value built as the law says from the operands'
+# bare values -- or the law must refuse (None) where no such form exists.
+FACTOR_CASES: list[tuple[str, tuple[tuple, ...], bool]] = [
+    ("stablehlo.add", (("form", True), ("const",)), True),
+    ("stablehlo.add", (("const",), ("form", True)), True),
+    ("stablehlo.add", (("form", True), ("same", True)), True),
+    ("stablehlo.add", (("form", True), ("form", True)), False),  # different g: no common factor
+    ("stablehlo.subtract", (("form", True), ("const",)), True),
+    ("stablehlo.subtract", (("const",), ("form", True)), True),
+    ("stablehlo.subtract", (("form", True), ("same", False)), True),
+    ("stablehlo.multiply", (("form", True), ("const",)), True),
+    ("stablehlo.multiply", (("const",), ("form", True)), True),
+    ("stablehlo.multiply", (("form", False), ("form", False)), True),
+    ("stablehlo.multiply", (("form", True), ("form", False)), False),  # a shift times a run-time value
+    ("stablehlo.divide", (("form", True), ("const",)), True),
+    ("stablehlo.divide", (("form", False), ("form", False)), True),
+    ("stablehlo.divide", (("const",), ("form", False)), False),  # c / x is not affine
+    ("stablehlo.divide", (("form", True), ("form", False)), False),
+    ("stablehlo.negate", (("form", True),), True),
+    ("stablehlo.convert", (("form", True),), True),
+]
+_NP = {"stablehlo.add": np.add, "stablehlo.subtract": np.subtract,
+       "stablehlo.multiply": np.multiply, "stablehlo.divide": np.divide,
+       "stablehlo.negate": np.negative, "stablehlo.convert": lambda a: a}
+
+
+@pytest.mark.parametrize("op,kinds,holds", FACTOR_CASES,
+                         ids=[f"{op.removeprefix('stablehlo.')}-{'-'.join(k[0] for k in kinds)}-{i}"
+                              for i, (op, kinds, _) in enumerate(FACTOR_CASES)])
+def test_factor_law_holds_on_numbers(op, kinds, holds):
+    rng = np.random.default_rng(3)
+    channels = 5
+    values, bares, parts = [], [], []
+    g = rng.uniform(0.5, 2.0, channels) * rng.choice([-1.0, 1.0], channels)
+    for kind in kinds:
+        if kind[0] == "const":
+            c = rng.uniform(0.5, 2.0, channels)
+            values.append(np.broadcast_to(c, (7, channels)))
+            bares.append(None)
+            parts.append(c)
+            continue
+        gk = g if kind[0] == "same" else rng.uniform(0.5, 2.0, channels)
+        g = gk
+        b = rng.normal(0, 1, channels) if kind[1] else np.zeros(channels)
+        n = rng.normal(0, 1, (7, channels)) + 3.0
+        values.append(n * gk + b)
+        bares.append(n)
+        parts.append(laws.Factored(gk, b))
+    law = laws.factor(op, parts)
+    if not holds:
+        assert law is None
+        return
+    assert law is not None
+    if law.build == "op":
+        built = _NP[op](*[n if n is not None else 1.0 for n in bares])
+    else:
+        built = bares[law.operand] * (-1.0 if law.build == "negate" else 1.0)
+    expected = _NP[op](*values)
+    np.testing.assert_allclose(built * law.factored.g + law.factored.b, expected, rtol=1e-12,
+                               atol=1e-12)
+
+
+def test_a_narrowing_convert_has_no_factor_law():
+    form = laws.Factored(np.full(3, 2.0), np.ones(3))
+    assert laws.factor("stablehlo.convert", [form], widening=False) is None
+
+
+def test_every_factor_law_has_cases_and_is_in_the_fuzzer_grammar():
+    import regiongen
+
+    assert {op for op, _, _ in FACTOR_CASES} == set(laws.FACTOR_LAWS)
+    assert set(laws.FACTOR_LAWS) <= set(regiongen.STEP_OPS["norm"]) | {"stablehlo.convert"}
+    assert set(laws.FACTOR_LAWS) <= set(regiongen.GRAMMAR_OPS)
+
+
+# --- scalar laws (fold-scale): a scalar of q k^T moved back along q ---------------------
+#
+# x -> dot(x, W) -> REGION (%q to %r) -> dot(%r, k) * 0.125: the scale must move into W or
+# the constant that ends the way, keeping the function (f64, against the original on XLA),
+# or be refused with the expected code.
+SCALAR_TEMPLATE = """
+func.func @main(%x: tensor<4x3xf64>, %k: tensor<5x3xf64>) -> tensor<4x5xf64> {{
+  %w = stablehlo.constant dense<[[1.0, -2.0, 0.5], [3.0, 4.0, -1.0], [0.25, 2.0, 8.0]]> : tensor<3x3xf64>
+  %q = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x3xf64>, tensor<3x3xf64>) -> tensor<4x3xf64>
+{region}
+  %l = stablehlo.dot_general %r, %k, contracting_dims = [1] x [1] : (tensor<4x3xf64>, tensor<5x3xf64>) -> tensor<4x5xf64>
+  %c = stablehlo.constant dense<0.125> : tensor<4x5xf64>
+  %s = stablehlo.multiply %l, %c : tensor<4x5xf64>
+  return %s : tensor<4x5xf64>
+}}
+"""
+_B = "%b = stablehlo.constant dense<[[1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0], [1.0, 2.0, 3.0]]> : tensor<4x3xf64>"
+SCALAR_CASES: dict[str, tuple[str, str, str | None]] = {
+    # name: (op, region, refusal code or None)
+    # q + q: both terms carry the scale (an add of two scaled values)
+    "dot_general": ("stablehlo.dot_general", "%r = stablehlo.add %q, %q : tensor<4x3xf64>", None),
+    "dot_general_end": ("stablehlo.dot_general", "%r = stablehlo.negate %q : tensor<4x3xf64>", None),
+    "reshape": ("stablehlo.reshape", "%a = stablehlo.reshape %q : (tensor<4x3xf64>) -> tensor<2x2x3xf64>\n"
+                "%r = stablehlo.reshape %a : (tensor<2x2x3xf64>) -> tensor<4x3xf64>", None),
+    "transpose": ("stablehlo.transpose", "%a = stablehlo.transpose %q, dims = [1, 0] : (tensor<4x3xf64>) -> tensor<3x4xf64>\n"
+                  "%r = stablehlo.transpose %a, dims = [1, 0] : (tensor<3x4xf64>) -> tensor<4x3xf64>", None),
+    "broadcast_in_dim": ("stablehlo.broadcast_in_dim", "%a = stablehlo.broadcast_in_dim %q, dims = [1, 2] : (tensor<4x3xf64>) -> tensor<1x4x3xf64>\n"
+                         "%r = stablehlo.reshape %a : (tensor<1x4x3xf64>) -> tensor<4x3xf64>", None),
+    "negate": ("stablehlo.negate", "%r = stablehlo.negate %q : tensor<4x3xf64>", None),
+    "narrowing_convert": ("stablehlo.convert", "%a = stablehlo.convert %q : (tensor<4x3xf64>) -> tensor<4x3xf32>\n"
+                          "%r = stablehlo.convert %a : (tensor<4x3xf32>) -> tensor<4x3xf64>", "precision"),
+    "add_bias": ("stablehlo.add", f"{_B}\n%r = stablehlo.add %q, %b : tensor<4x3xf64>", None),
+    "subtract_bias": ("stablehlo.subtract", f"{_B}\n%r = stablehlo.subtract %q, %b : tensor<4x3xf64>", None),
+    "bias_minus_q": ("stablehlo.subtract", f"{_B}\n%r = stablehlo.subtract %b, %q : tensor<4x3xf64>", None),
+    "multiply_end": ("stablehlo.multiply", f"{_B}\n%r = stablehlo.multiply %q, %b : tensor<4x3xf64>", None),
+    "divide_end": ("stablehlo.divide", f"{_B}\n%r = stablehlo.divide %q, %b : tensor<4x3xf64>", None),
+    "convolution_end": ("stablehlo.convolution",
+                        "%kc = stablehlo.constant dense<[[[[1.0, 0.0, 2.0], [0.5, 1.0, 0.0], [0.0, -1.0, 1.0]]]]> : tensor<1x1x3x3xf64>\n"
+                        "%q4 = stablehlo.reshape %q : (tensor<4x3xf64>) -> tensor<1x4x1x3xf64>\n"
+                        "%cv = stablehlo.convolution(%q4, %kc) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x4x1x3xf64>, tensor<1x1x3x3xf64>) -> tensor<1x4x1x3xf64>\n"
+                        "%r = stablehlo.reshape %cv : (tensor<1x4x1x3xf64>) -> tensor<4x3xf64>", None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCALAR_CASES))
+def test_scalar_law_moves_the_attention_scale_and_keeps_the_function(name):
+    _, region, code = SCALAR_CASES[name]
+    text = SCALAR_TEMPLATE.format(region="\n".join("  " + line for line in region.split("\n")))
+    out = bnfold.fold_source(text)
+    report = out.report
+    folded = [f for f in report.folds if f.kind == "scale"]
+    if code is None:
+        assert folded, [s.to_json() for s in report.skipped]
+        assert "stablehlo.multiply %" not in out.serialize().decode().split("dot_general")[-1]
+    else:
+        assert not folded
+        assert code in {s.code for s in report.skipped}, [s.to_json() for s in report.skipped]
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(0, 1, (4, 3)), rng.normal(0, 1, (5, 3))]
+    expected, actual = run_xla(text, xs), run_xla(out.serialize().decode(), xs)
+    assert numerics.relative_error(actual[0], expected[0]) < 1e-12
+
+
+def test_every_scalar_law_has_cases_and_is_in_the_fuzzer_grammar():
+    import regiongen
+
+    assert {op for op, _, _ in SCALAR_CASES.values()} <= set(laws.SCALAR_LAWS)
+    assert set(laws.SCALAR_LAWS) <= set(regiongen.GRAMMAR_OPS)

@@ -122,6 +122,7 @@ MODULES = [
     ("lit:equalize.mlir", {"equalize": True}),
     ("lit:forward-affine.mlir", {}),
     ("lit:fold-scale.mlir", {}),
+    ("lit:forward-norm.mlir", {}),
     ("models/haiku_resnet_nhwc.mlir", {"equalize": True, "quantize_weights": "int8",
                                        "bias_correction": True}),
     ("lit:quantize-weights.mlir", {"quantize_weights": "int4", "bias_correction": True,

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -1094,7 +1094,7 @@ NOT_HOMOGENEOUS = {
 # (`terminal`); a bias or a concatenated constant comes along with the value it meets.
 # Precision: EXACT ops only move values, so `c * op(x) == op(c * x)` bit for bit; ROUNDS
 # ops round the same sum or product at c times the magnitude: the one rounding of `c * x`
-# the original made moves into the weight (README, precision contract rule 7).
+# the original made moves into the weight (docs/precision.md, rule 8).
 
 
 @dataclass(frozen=True)
@@ -1252,3 +1252,117 @@ def scalar_law_of(op: ir.Operation) -> ScalarLaw | Refusal:
                                              f"(f(c x) != c f(x))")
     return Refusal(Code.NO_LAW, f"no scalar law for {op.name} (bnfold does not know how it "
                                 "commutes with a constant scale)")
+
+
+# --- factoring a per-channel affine out of a value (forward-norm) ---------------------------
+#
+# A normalization's affine is recognised by its law, not by names: a value v is written
+# as `n * g + b` per channel (n computed at run time; g, b float64 vectors), and each op
+# says what it does to that form and how the bare n is built from its operands' bare
+# values. A constant operand is absorbed into g and b; two run-time operands combine
+# only where the identity is exact (a product of two forms without shifts, a sum of two
+# forms with the same g). An op without a law here makes its result bare (n = v, g = 1,
+# b = 0): always true, it only folds less.
+
+
+@dataclass(frozen=True)
+class Factored:
+    """`n * g + b` per channel (float64 vectors)."""
+
+    g: np.ndarray
+    b: np.ndarray
+
+    @classmethod
+    def bare(cls, channels: int) -> Factored:
+        return cls(np.ones(channels), np.zeros(channels))
+
+    @property
+    def is_bare(self) -> bool:
+        return bool(np.all(self.g == 1) and np.all(self.b == 0))
+
+
+@dataclass(frozen=True)
+class Factoring:
+    """An op's result as a form, and how its bare value is built: "keep" (operand
+    `operand`'s bare value as it is), "negate" (its negation), or "op" (the same op on
+    the operands' bare values)."""
+
+    factored: Factored
+    build: str
+    operand: int = 0
+
+
+Operand = Factored | np.ndarray  # a run-time value's form, or a constant's per-channel vector
+
+
+def _keep(g: np.ndarray, b: np.ndarray, operand: int, build: str = "keep") -> Factoring:
+    return Factoring(Factored(g, b), build, operand)
+
+
+def _factor_add(a: Operand, c: Operand, sign: float) -> Factoring | None:
+    if isinstance(a, Factored) and not isinstance(c, Factored):
+        return _keep(a.g, a.b + sign * c, 0)  # (n g + b) + c
+    if isinstance(c, Factored) and not isinstance(a, Factored):
+        if sign > 0:
+            return _keep(c.g, c.b + a, 1)  # c + (n g + b)
+        return _keep(c.g, a - c.b, 1, "negate")  # c - (n g + b) = (-n) g + (c - b)
+    assert isinstance(a, Factored) and isinstance(c, Factored)
+    if not np.array_equal(a.g, c.g):
+        return None  # n1 g1 + n2 g2 has no common per-channel factor
+    return Factoring(Factored(a.g, a.b + sign * c.b), "op")  # (n1 +- n2) g + (b1 +- b2)
+
+
+def _factor_multiply(a: Operand, c: Operand) -> Factoring | None:
+    if isinstance(a, Factored) and not isinstance(c, Factored):
+        return _keep(a.g * c, a.b * c, 0)
+    if isinstance(c, Factored) and not isinstance(a, Factored):
+        return _keep(c.g * a, c.b * a, 1)
+    assert isinstance(a, Factored) and isinstance(c, Factored)
+    if np.any(a.b != 0) or np.any(c.b != 0):
+        return None  # (n1 g1 + b1) * (n2 g2) is not n g + b
+    return Factoring(Factored(a.g * c.g, np.zeros_like(a.b)), "op")  # (n1 n2) (g1 g2)
+
+
+def _factor_divide(a: Operand, c: Operand) -> Factoring | None:
+    if not isinstance(a, Factored):
+        return None  # c / x is not affine in x
+    if not isinstance(c, Factored):
+        if np.any(c == 0):
+            return None
+        return _keep(a.g / c, a.b / c, 0)
+    if np.any(a.b != 0) or np.any(c.b != 0) or np.any(c.g == 0):
+        return None
+    return Factoring(Factored(a.g / c.g, np.zeros_like(a.b)), "op")  # (n1 / n2) (g1 / g2)
+
+
+def factor(name: str, operands: Sequence[Operand], *, widening: bool = True
+           ) -> Factoring | None:
+    """The law of op `name` on factored operands (at least one run-time), or None: the
+    result is bare. `widening`: a float convert that does not round."""
+    if name in ("stablehlo.add", "stablehlo.subtract"):
+        return _factor_add(operands[0], operands[1], 1.0 if name == "stablehlo.add" else -1.0)
+    if name == "stablehlo.multiply":
+        return _factor_multiply(operands[0], operands[1])
+    if name == "stablehlo.divide":
+        return _factor_divide(operands[0], operands[1])
+    x = operands[0]
+    if not isinstance(x, Factored):
+        return None
+    if name == "stablehlo.negate":
+        return Factoring(Factored(x.g, -x.b), "op")  # -(n g + b) = (-n) g - b
+    if name == "stablehlo.convert" and widening:
+        return Factoring(x, "op")  # exact: the bare value is converted instead
+    return None  # a narrowing convert rounds where it stands
+
+
+FACTOR_LAWS: dict[str, str] = {
+    "stablehlo.add": "(n g + b) + c = n g + (b + c); n1 g + n2 g = (n1 + n2) g",
+    "stablehlo.subtract": "(n g + b) - c = n g + (b - c); c - (n g + b) = (-n) g + (c - b); "
+                          "n1 g - n2 g = (n1 - n2) g",
+    "stablehlo.multiply": "(n g + b) c = n (g c) + b c; (n1 g1) (n2 g2) = (n1 n2) (g1 g2)",
+    "stablehlo.divide": "(n g + b) / c = n (g / c) + b / c; (n1 g1) / (n2 g2) = (n1 / n2) "
+                        "(g1 / g2)",
+    "stablehlo.negate": "-(n g + b) = (-n) g - b",
+    "stablehlo.convert": "a widening float convert is exact: convert(n) g + b; a narrowing "
+                         "one rounds where it stands (its result is bare)",
+}

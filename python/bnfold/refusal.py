@@ -35,6 +35,7 @@ class Code(enum.Enum):
     SYMBOLIC = "symbolic"  # a symbolic channel or spatial size
     NOT_FLOAT = "not-float"
     NOT_LINEAR = "not-linear"  # it feeds (or is fed by) a nonlinear op
+    NONLINEAR_CONSUMER = "nonlinear-consumer"  # a normalized value has a use that is not a linear layer
     NOTHING = "nothing-to-do"
     # The precision contract.
     PRECISION = "precision"  # a kernel or bias would overflow, underflow or narrow

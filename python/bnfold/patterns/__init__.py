@@ -52,6 +52,10 @@ REGISTRY: tuple[Entry, ...] = (
           "fold a per-channel affine chain into the convolution/dot_general after it (through "
           "zero padding with an exact border correction)",
           "bnfold.patterns.forward_affine", Stage.FOLD),
+    Entry("forward-norm",
+          "fold a normalization's affine (LayerNorm, RMSNorm, Gemma's 1 + w, in every "
+          "spelling) into every convolution/dot_general that reads it",
+          "bnfold.patterns.forward_norm", Stage.FOLD),
     Entry("merge-bias",
           "merge a forward fold's new bias with the affine steps after its producer",
           "bnfold.patterns.merge_bias", Stage.FOLD),
