@@ -98,20 +98,20 @@ class Ledger:
         self.inlined: list[str] = []
         self.equalize = False
         self.equalized: list[Equalized] = []
-        # each equalized set's record and its layers as equalization left them (for
-        # high-bias absorption, which runs next)
-        self.equalized_sets: list[tuple[Equalized, tuple[ir.Operation, ...]]] = []
         self._not_equalized: list[Skip] = []
         # producer -> the folds it absorbed, and the statistics of its output
         self._absorbed: dict[Handle, list[Fold]] = {}
-        # each forward fold and the producer it built (merge-bias looks after them)
-        self.forward_producers: list[tuple[Fold, ir.Operation]] = []
         self._statistics: dict[Handle, Statistics] = {}
         self._no_statistics: dict[Handle, str] = {}  # why a folded batch norm gave none
         self.quantize = False
         self.quantized: list[Quantized] = []
         self._not_quantized: list[Skip] = []
+        self._ran: list[str] = []
         rewriter.listen(self)
+
+    def ran(self, name: str) -> None:
+        """Pattern `name` runs in this run (its section is in the report)."""
+        self._ran.append(name)
 
     def location(self, op: ir.Operation) -> str:
         return format_location(op.location, self._source_name)
@@ -253,9 +253,7 @@ class Ledger:
         pass
 
     def on_finish(self) -> None:
-        # Keyed by handles, never by ops; the ops it kept for later patterns go.
-        self.forward_producers.clear()
-        self.equalized_sets.clear()
+        pass  # keyed by handles, never by ops
 
     # -- the end ----------------------------------------------------------------------------
 

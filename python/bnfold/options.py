@@ -360,7 +360,3 @@ def _parse(name: str, value: str | Sequence[str] | None, spec: PassSpec) -> Any:
                           f"{', '.join(meta.choices)})", spec.spelling, field=name)
     return value  # CHOICE is checked by its validation
 
-
-def with_changes(options: FoldOptions, **changes: Any) -> FoldOptions:
-    """A copy of `options` with some fields changed (validated again)."""
-    return replace(options, **changes)

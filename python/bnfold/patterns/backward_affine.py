@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnfold import affine, elements, precision, producers
+from bnfold import affine, chains, elements, precision, producers
 from bnfold.affine import Affine, Composed, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import Chain, note
@@ -118,6 +118,11 @@ def source(chain: Chain, analysis: Analysis) -> Source | None:
             return None
         leaves.append(leaf)
     return Source(value, tuple(leaves))
+
+
+def _arena(ctx: Context) -> precision.Arena:
+    """The buffer backward folds round their kernels into, one per run (precision.Arena)."""
+    return precision.Arena()
 
 
 def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
@@ -361,7 +366,7 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
     STAGE = Stage.FOLD
 
     def roots(self, ctx: Context) -> Iterable[Chain]:
-        return ctx.candidates().chains
+        return chains.candidates(ctx).chains
 
     def match(self, ctx: Context, root: Chain) -> Match | None:
         found = source(root, ctx.analysis)
@@ -370,8 +375,9 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
         return Match(found, root)
 
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal:
-        ctx.arena.clear()  # the last plan's kernels are attributes by now
-        return plan_fold(match.source, match.chain, ctx.analysis, arena=ctx.arena)
+        arena = ctx.shared(_arena)
+        arena.clear()  # the last plan's kernels are attributes by now
+        return plan_fold(match.source, match.chain, ctx.analysis, arena=arena)
 
     def refuse(self, ctx: Context, subject: Chain | Match, refusal: Refusal) -> None:
         chain = subject.chain if isinstance(subject, Match) else subject

@@ -29,6 +29,7 @@ from bnfold import affine, chains
 from bnfold.ir import ir
 from bnfold.patterns.backward_affine import Applied, Plan, Source, build, plan_fold
 from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.forward_affine import FORWARD_FOLDS
 from bnfold.refusal import Refusal
 from bnfold.report import Fold
 
@@ -63,7 +64,7 @@ class MergeBias(Pattern[tuple[Fold, ir.Operation], Match, Merge]):
     STAGE = Stage.FOLD
 
     def roots(self, ctx: Context) -> Iterable[tuple[Fold, ir.Operation]]:
-        return [(fold, ctx.rewriter.current(op)) for fold, op in ctx.ledger.forward_producers]
+        return [(fold, op) for fold, [op] in ctx.analysis.handed(FORWARD_FOLDS)]
 
     def match(self, ctx: Context, root: tuple[Fold, ir.Operation]) -> Match | None:
         fold, producer = root

@@ -62,6 +62,8 @@ if TYPE_CHECKING:
     from bnfold.driver import Context
 
 NAME = "equalize"
+# Each equalized set and its layers, for high-bias absorption (Analysis.hand_on).
+EQUALIZED_SETS = "equalize:sets"
 MAX_ITERATIONS = 200
 CONVERGED = 1e-9  # max |log s| of a sweep over a set that counts as converged
 ALREADY_EQUAL = 1e-3  # a set whose scales are all within 0.1% of 1 is left alone
@@ -119,12 +121,12 @@ class SetPlan:
 # --- match: pairs and the sets they link into -----------------------------------------------
 
 
-def find_pairs(ctx: Context) -> tuple[list[Pair], list[Refused]]:
-    """Every pair of consecutive layers in the functions `ctx` may change, and refusals."""
+def find_pairs(ctx: Context, ops: list[ir.Operation]) -> tuple[list[Pair], list[Refused]]:
+    """Every pair of consecutive layers with layer 1 among `ops`, and refusals."""
     layers: dict[int, Layer | Refusal] = {}  # each kernel read once per run
     pairs: list[Pair] = []
     refused: list[Refused] = []
-    for op in _producers(ctx):
+    for op in ops:
         found = pair(op, ctx, layers)
         if isinstance(found, Pair):
             pairs.append(found)
@@ -470,7 +472,36 @@ def kind(links: int) -> str:
     return {2: "pair", 3: "triplet"}.get(links + 1, f"chain of {links + 1}")
 
 
-Root = list[Pair] | Refused
+class Survey:
+    """Every pair of consecutive layers among `ops` and the sets they link, found once, on
+    the first match of a run (from the IR as it was before anything was equalized)."""
+
+    def __init__(self, ctx: Context, ops: list[ir.Operation]) -> None:
+        self._ctx, self._ops = ctx, ops
+        self._found: tuple[dict[int, list[Pair]], dict[int, Refusal]] | None = None
+
+    def _survey(self) -> tuple[dict[int, list[Pair]], dict[int, Refusal]]:
+        if self._found is None:
+            pairs, refused = find_pairs(self._ctx, self._ops)
+            self._found = ({op_id(s[0].first.op): s for s in link_sets(pairs)},
+                           {op_id(r.op): r.refusal for r in refused})
+        return self._found
+
+    def set_headed_by(self, op: ir.Operation) -> list[Pair] | None:
+        return self._survey()[0].get(op_id(op))
+
+    def refusal_of(self, op: ir.Operation) -> Refusal | None:
+        return self._survey()[1].get(op_id(op))
+
+
+@dataclass(frozen=True)
+class Root:
+    """A producer as layer 1, in one of two passes over the producers: the set it heads
+    (`heads`), then why it pairs with no next layer (the sets' records come first)."""
+
+    op: ir.Operation
+    heads: bool
+    survey: Survey
 
 
 class Equalize(Pattern[Root, list[Pair], SetPlan]):
@@ -480,17 +511,20 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
     STAGE = Stage.QUANTIZE
 
     def roots(self, ctx: Context) -> Iterable[Root]:
-        pairs, refused = find_pairs(ctx)
-        return [*link_sets(pairs), *refused]
+        ops = _producers(ctx)
+        survey = Survey(ctx, ops)
+        return [Root(op, heads, survey) for heads in (True, False) for op in ops]
 
-    def match(self, ctx: Context, root: Root) -> list[Pair] | Refusal:
-        return root.refusal if isinstance(root, Refused) else root
+    def match(self, ctx: Context, root: Root) -> list[Pair] | Refusal | None:
+        if root.heads:
+            return root.survey.set_headed_by(root.op)
+        return root.survey.refusal_of(root.op)
 
     def plan(self, ctx: Context, match: list[Pair]) -> SetPlan | Refusal:
         return plan(match)
 
-    def refuse(self, ctx: Context, subject: Root, refusal: Refusal) -> None:
-        if isinstance(subject, Refused):
+    def refuse(self, ctx: Context, subject: Root | list[Pair], refusal: Refusal) -> None:
+        if isinstance(subject, Root):
             ctx.ledger.refuse_equalization(subject.op, refusal)
         else:
             layers = [subject[0].first.op, *(p.second.op for p in subject)]
@@ -517,7 +551,7 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
             range_ratio_after=[range_ratio(r) for r in plan.after],
             params={f"scale{i}": link.scale.copy() for i, link in enumerate(plan.links)})
         ledger.equalized.append(record)
-        ledger.equalized_sets.append((record, applied.layers))
+        ctx.analysis.hand_on(EQUALIZED_SETS, record, applied.layers)
 
     def finish(self, ctx: Context) -> None:
         ctx.ledger.equalize = True

@@ -54,7 +54,7 @@ from bnfold.laws import Edit
 from bnfold.patterns.base import Pattern, Stage
 from bnfold.patterns.rewrite import bias_add, constant_add
 from bnfold.quant import region
-from bnfold.quant.equalize import output_axis, replace_constants
+from bnfold.quant.equalize import EQUALIZED_SETS, output_axis, replace_constants
 from bnfold.refusal import Code, Refusal
 from bnfold.rewriter import Rewriter
 from bnfold.through import Through, bias_adds, shift_through
@@ -404,7 +404,7 @@ class AbsorbHighBias(Pattern[Link, Roles, Plan]):
     STAGE = Stage.QUANTIZE
 
     def roots(self, ctx: Context) -> Iterable[Link]:
-        for record, layers in ctx.ledger.equalized_sets:
+        for record, layers in ctx.analysis.handed(EQUALIZED_SETS):
             for index in reversed(range(len(layers) - 1)):
                 first, second = (ctx.rewriter.current(op) for op in layers[index:index + 2])
                 yield Link(record, index, first, second)
