@@ -29,7 +29,7 @@ from bnfold.graph import functions, printed_symbol, symbol_name
 from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
 from bnfold.ledger import Ledger
 from bnfold.options import FoldOptions, OptionError
-from bnfold.patterns import pattern_names
+from bnfold.patterns import Entry, pattern_names
 from bnfold.report import Report
 from bnfold.rewriter import Rewriter
 
@@ -142,7 +142,8 @@ def _describe(value: object) -> str:
 def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
                 source_name: str | None = None, cleanup: bool = True,
                 graph_nodes: bool = False, take_statistics: bool = False,
-                hand_on_statistics: bool = False, check_skipped: bool = True) -> Report:
+                hand_on_statistics: bool = False, check_skipped: bool = True,
+                registry: tuple[Entry, ...] | None = None) -> Report:
     """Folds normalizations in `module` in place and returns the report.
 
     `cleanup=False` leaves the dead producers and chains in place (for
@@ -153,7 +154,8 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
     statistics from one bnfold pass of a pipeline to the next (in a discardable
     attribute on each producer that the next pass reads and removes), so that
     `bnfold-fold,bnfold-quantize-weights{bias-correction=true}` corrects what one
-    run corrects. Raises `BnfoldError` if the module does not verify afterwards
+    run corrects. `registry` replaces the package's patterns (bnfold.patterns.REGISTRY; tests
+    add their own). Raises `BnfoldError` if the module does not verify afterwards
     (a bnfold bug: please file the reproducer).
     """
     if isinstance(module, str | bytes | bytearray) or not hasattr(module, "operation"):
@@ -176,7 +178,7 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
         if take_statistics:
             ledger.take(module)
         ctx = driver.Context(module, options, rewriter, Analysis(module, rewriter), ledger)
-        driver.run(ctx)
+        driver.run(ctx, registry)
         report = ledger.report()
         if graph_nodes:
             overlay.mark_output(module, rewriter, ledger)
