@@ -111,13 +111,14 @@ def run(ctx: Context, registry: tuple[Entry, ...] | None = None) -> None:
     over `ctx.module`, in order."""
     if registry is not None:
         ctx.registry = registry
+    ctx.ledger.expect(ctx.entries())
     explained = False
     for entry in ctx.entries():
         if not explained and entry.stage > Stage.FOLD:
             chains.explain(ctx)
             explained = True
         if ctx.options.enabled(entry.name, entry.opt_in):
-            ctx.ledger.ran(entry.name)
+            ctx.ledger.ran(entry)
             run_pattern(ctx, entry.load(), entry.name)
     if not explained:
         chains.explain(ctx)

@@ -22,15 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from bnfold.graph import function_name
 from bnfold.ir import format_location, ir
 from bnfold.refusal import Refusal
-from bnfold.report import Equalized, Fold, Quantized, Report, Skip
+from bnfold.report import Fold, Part, Report, Skip
 from bnfold.rewriter import Handle, Rewriter
+
+if TYPE_CHECKING:
+    from bnfold.patterns import Entry
 
 NodeRef = tuple[str, str]  # (Model Explorer graph id, node id), see bnfold.overlay
 CARRIED = "bnfold.statistics"  # a producer's statistics, between two bnfold passes
@@ -94,24 +97,43 @@ class Ledger:
         self._folds: list[Fold] = []
         self._folded: set[Handle] = set()
         self._refusals: dict[Handle, Skip] = {}
-        self.expanded = 0
-        self.inlined: list[str] = []
-        self.equalize = False
-        self.equalized: list[Equalized] = []
-        self._not_equalized: list[Skip] = []
+        self._parts: dict[str, Part] = {}  # each reporting pattern's own records
         # producer -> the folds it absorbed, and the statistics of its output
         self._absorbed: dict[Handle, list[Fold]] = {}
         self._statistics: dict[Handle, Statistics] = {}
         self._no_statistics: dict[Handle, str] = {}  # why a folded batch norm gave none
-        self.quantize = False
-        self.quantized: list[Quantized] = []
-        self._not_quantized: list[Skip] = []
-        self._ran: list[str] = []
         rewriter.listen(self)
 
-    def ran(self, name: str) -> None:
-        """Pattern `name` runs in this run (its section is in the report)."""
-        self._ran.append(name)
+    # -- the patterns' own records ------------------------------------------------
+
+    def expect(self, entries: Iterable[Entry]) -> None:
+        """The sections of `entries` that every report has (`Entry.reports == "always"`)."""
+        for entry in entries:
+            if entry.reports == "always" and entry.name not in self._parts:
+                self._parts[entry.name] = Part(entry.name, entry.section())
+
+    def ran(self, entry: Entry) -> None:
+        """`entry`'s pattern runs now: its section (if it reports) is in the report."""
+        if entry.reports:
+            self.expect([entry])
+            self._parts.setdefault(entry.name, Part(entry.name, entry.section())).ran = True
+
+    def part(self, name: str) -> Part:
+        """Pattern `name`'s records and refusals so far (its entry reports)."""
+        return self._parts[name]
+
+    def add(self, name: str, record: Any) -> Any:
+        """Records what pattern `name` did (a record of the type its section renders)."""
+        self._parts[name].records.append(record)
+        return record
+
+    def refuse_in(self, name: str, op: ir.Operation, refusal: Refusal,
+                  layers: Sequence[ir.Operation] = ()) -> None:
+        """Pattern `name` did not rewrite `op` (or the set of `layers` it heads, refused as a
+        whole), because `refusal`."""
+        skip = self._skip(op, refusal)
+        skip.layers = [self.location(layer) for layer in layers]
+        self._parts[name].refused.append(skip)
 
     def location(self, op: ir.Operation) -> str:
         return format_location(op.location, self._source_name)
@@ -155,18 +177,6 @@ class Ledger:
             if node is not None and node not in skip.nodes:
                 skip.nodes.append(node)
         self._refusals[key] = skip
-
-    def refuse_equalization(self, op: ir.Operation, refusal: Refusal,
-                            layers: Sequence[ir.Operation] = ()) -> None:
-        """Layer 1 `op` was not equalized with the layer after it (or the set of `layers`
-        it heads, none of whose pairs was), because `refusal`."""
-        skip = self._skip(op, refusal)
-        skip.layers = [self.location(layer) for layer in layers]
-        self._not_equalized.append(skip)
-
-    def refuse_quantization(self, op: ir.Operation, refusal: Refusal) -> None:
-        """Producer `op`'s weight was not quantized, because `refusal`."""
-        self._not_quantized.append(self._skip(op, refusal))
 
     def _skip(self, op: ir.Operation, refusal: Refusal) -> Skip:
         key = self._rewriter.handle(op)
@@ -263,7 +273,5 @@ class Ledger:
 
     def report(self) -> Report:
         return Report(folds=list(self._folds), skipped=list(self._refusals.values()),
-                      expanded=self.expanded, inlined=list(self.inlined),
-                      equalized=list(self.equalized), not_equalized=list(self._not_equalized),
-                      equalize=self.equalize, quantized=list(self.quantized),
-                      not_quantized=list(self._not_quantized), quantize=self.quantize)
+                      parts=[Part(p.name, p.section, list(p.records), list(p.refused), p.ran)
+                             for p in self._parts.values()])

@@ -22,6 +22,7 @@ from bnfold.patterns.base import Stage
 
 if TYPE_CHECKING:
     from bnfold.patterns.base import Pattern
+    from bnfold.report import Section
 
 
 @dataclass(frozen=True)
@@ -34,16 +35,24 @@ class Entry:
     module: str
     stage: Stage
     opt_in: str | None = None
+    # Whether the pattern reports records of its own (its module's `RECORDS`, a
+    # `bnfold.report.Section`): "always" (in every report, even when it did not run), "ran"
+    # (when it ran), None (it reports through the folds and skips every report has).
+    reports: str | None = None
 
     def load(self) -> Pattern:
         return _load(self.module)
+
+    def section(self) -> Section:
+        section: Section = importlib.import_module(self.module).RECORDS
+        return section
 
 
 REGISTRY: tuple[Entry, ...] = (
     Entry("inline-calls",
           "inline private helpers (jax.jit, filter_jit, nested at any depth) where a fold or "
           "equalization needs to see through them, one copy per call site",
-          "bnfold.patterns.inline_calls", Stage.PREPARE),
+          "bnfold.patterns.inline_calls", Stage.PREPARE, reports="always"),
     Entry("backward-affine",
           "fold a per-channel affine chain (batch_norm_inference or its decomposed spellings) "
           "into the convolution/dot_general before it",
@@ -58,11 +67,12 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("expand-batch-norm",
           "rewrite each batch_norm_inference that did not fold into multiply + add "
           "(opt-in: --expand-batch-norm)",
-          "bnfold.patterns.expand_batch_norm", Stage.LOWER, opt_in="expand_batch_norm"),
+          "bnfold.patterns.expand_batch_norm", Stage.LOWER, opt_in="expand_batch_norm",
+          reports="always"),
     Entry("equalize",
           "cross-layer equalization of convolution/dot_general pairs and triplets "
           "(opt-in: --equalize)",
-          "bnfold.quant.equalize", Stage.QUANTIZE, opt_in="equalize"),
+          "bnfold.quant.equalize", Stage.QUANTIZE, opt_in="equalize", reports="ran"),
     Entry("absorb-high-bias",
           "move the bias a ReLU passes for every input within 3 sigma into the next layer "
           "(opt-in: --absorb-high-bias)",
@@ -71,7 +81,7 @@ REGISTRY: tuple[Entry, ...] = (
           "store every constant convolution/dot_general weight as signed integers with a "
           "symmetric scale, dequantized in the graph, with analytic bias correction if asked "
           "(opt-in: --quantize-weights)",
-          "bnfold.quant.weights", Stage.QUANTIZE, opt_in="quantize_weights"),
+          "bnfold.quant.weights", Stage.QUANTIZE, opt_in="quantize_weights", reports="ran"),
 )
 
 FOLDING = ("backward-affine", "forward-affine")

@@ -36,8 +36,8 @@ within its type once divided by s, or the set is refused (`Code.RANGE`).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -55,7 +55,7 @@ from bnfold.producers import InputScaleMap, Kernel
 from bnfold.quant import region
 from bnfold.quant.region import Region
 from bnfold.refusal import Code, Refusal
-from bnfold.report import Equalized
+from bnfold.report import Part, Section, Skip, columns, count, missed
 from bnfold.rewriter import Rewriter
 
 if TYPE_CHECKING:
@@ -525,10 +525,10 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
 
     def refuse(self, ctx: Context, subject: Root | list[Pair], refusal: Refusal) -> None:
         if isinstance(subject, Root):
-            ctx.ledger.refuse_equalization(subject.op, refusal)
+            ctx.ledger.refuse_in(NAME, subject.op, refusal)
         else:
             layers = [subject[0].first.op, *(p.second.op for p in subject)]
-            ctx.ledger.refuse_equalization(layers[0], refusal, layers)
+            ctx.ledger.refuse_in(NAME, layers[0], refusal, layers)
 
     def apply(self, rewriter: Rewriter, plan: SetPlan) -> Applied:
         return build(rewriter, plan)
@@ -541,7 +541,7 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
             if stats is not None and index < len(plan.links):  # its output is divided by s
                 ledger.set_statistics(layer, stats.scaled(1.0 / plan.links[index].scale))
         record = Equalized(
-            id=f"eq{len(ledger.equalized)}",
+            id=f"eq{len(ledger.part(NAME).records)}",
             layers=[ledger.location(layer.op) for layer in plan.layers],
             layer_ops=[layer.op.name for layer in plan.layers],
             between=[link.pair.region.describe() for link in plan.links],
@@ -550,11 +550,8 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
             range_ratio_before=[range_ratio(r) for r in plan.before],
             range_ratio_after=[range_ratio(r) for r in plan.after],
             params={f"scale{i}": link.scale.copy() for i, link in enumerate(plan.links)})
-        ledger.equalized.append(record)
+        ledger.add(NAME, record)
         ctx.analysis.hand_on(EQUALIZED_SETS, record, applied.layers)
-
-    def finish(self, ctx: Context) -> None:
-        ctx.ledger.equalize = True
 
     def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
         """A helper between two layers (`call @relu6`): fed by a producer through ops with
@@ -564,4 +561,81 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
             any(region.leads_to_producer(r, analysis) for r in call.results)
 
 
+# --- the report --------------------------------------------------------------------------
+
+
+@dataclass
+class Equalized:
+    """One set of layers equalized together (a pair, a triplet, a longer chain)."""
+
+    id: str
+    layers: list[str]  # producer locations, in data-flow order
+    layer_ops: list[str]
+    between: list[str]  # per link: the ops between the two layers ("add, clamp")
+    function: str
+    kind: str  # "pair", "triplet" or "chain of N"
+    iterations: int
+    triplets: int  # conv -> depthwise conv -> conv runs in the set (DFQ's triplets)
+    # per layer: max/min over output channels of the channel's max |weight|
+    range_ratio_before: list[float]
+    range_ratio_after: list[float]
+    # "scale0", "scale1", ...: per link, layer 1's output channel c divided by scale[c]
+    params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    high_bias: list[dict[str, Any]] = field(default_factory=list)  # per link, --absorb-high-bias
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "kind": self.kind, "layers": self.layers, "layer_ops": self.layer_ops,
+            "between": self.between, "function": self.function, "iterations": self.iterations,
+            "triplets": self.triplets,
+            "range_ratio_before": self.range_ratio_before,
+            "range_ratio_after": self.range_ratio_after,
+            "scale_range": [[float(v.min()), float(v.max())] for v in self.params.values()],
+        } | ({"high_bias": self.high_bias} if self.high_bias else {})
+
+
+def _pairs(skip: Skip) -> int:
+    """How many layer pairs a refusal leaves unequalized (a refused set: all of its pairs)."""
+    return max(1, len(skip.layers) - 1)
+
+
+class EqualizedSets(Section):
+    """`equalized` (each set of layers equalized together) and `not_equalized` (each pair
+    or set that was not, with the reason: op = layer 1, layers = the refused set's
+    layers), when --equalize ran."""
+
+    order = 30
+    statistics = True
+    prefix = "eq"
+
+    def attributes(self, part: Part) -> dict[str, Any]:
+        return {"equalized": part.records, "not_equalized": part.refused, "equalize": part.ran}
+
+    def to_json(self, part: Part) -> dict[str, Any]:
+        return {"equalized": [e.to_json() for e in part.records],
+                "not_equalized": [s.to_json() for s in part.refused]}
+
+    def table(self, part: Part) -> list[str]:
+        equalized: list[Equalized] = part.records
+        lines: list[str] = []
+        if equalized:
+            rows = [("set", "kind", "layers", "range ratio before -> after")]
+            rows += [(e.id, e.kind, " -> ".join(e.layers),
+                      ", ".join(f"{b:.3g}->{a:.3g}" for b, a in
+                                zip(e.range_ratio_before, e.range_ratio_after, strict=True)))
+                     for e in equalized]
+            lines += columns(rows)
+        else:
+            lines.append("nothing equalized")
+        return lines + missed("not equalized", "layers", part.refused)
+
+    def summary(self, part: Part) -> str:
+        equalized: list[Equalized] = part.records
+        text = f", equalized {len(equalized)} set(s)"
+        if equalized:
+            text += f" ({count(e.kind for e in equalized)})"
+        return text + f", {sum(map(_pairs, part.refused))} pair(s) not equalized"
+
+
+RECORDS = EqualizedSets()
 PATTERN = Equalize()

@@ -61,7 +61,7 @@ from bnfold.through import Through, bias_adds, shift_through
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
-    from bnfold.report import Equalized
+    from bnfold.quant.equalize import Equalized
 
 NAME = "absorb-high-bias"
 SIGMAS = 3.0
