@@ -298,8 +298,8 @@ class Report:
         self._sort()
 
     def to_json(self) -> dict[str, Any]:
-        data = {"folds": [f.to_json() for f in self.folds],
-                "skipped": [s.to_json() for s in self.skipped]}
+        data: dict[str, Any] = {"folds": [f.to_json() for f in self.folds],
+                                "skipped": [s.to_json() for s in self.skipped]}
         shown = self._shown()
         for part in shown:
             if part.section.always:

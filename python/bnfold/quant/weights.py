@@ -56,6 +56,7 @@ from bnfold.through import BiasAdds, bias_adds, mean_through
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
+    from bnfold.options import FoldOptions
 
 NAME = "quantize-weights"
 
@@ -232,7 +233,7 @@ def layer(root: Root, ctx: Context) -> Layer | Refusal | None:
 
 def plan(ctx: Context, found: Layer) -> Plan | Refusal:
     options = ctx.options
-    bits = options.bits
+    bits = bits_of(options)
     assert bits is not None
     kernel = found.kernel
     values = np.asarray(kernel.values, dtype=np.float64)  # compact: a splat stays one value
@@ -391,10 +392,11 @@ def _record(ctx: Context, p: Plan, copy: ir.Operation) -> Quantized:
         correction = {"applied": False, "code": p.correction.code.value,
                       "reason": p.correction.message}
     options = ctx.options
-    assert options.bits is not None
+    bits = bits_of(options)
+    assert bits is not None
     return Quantized(
         id=f"q{len(ledger.part(NAME).records)}", producer=ledger.location(p.layer.op),
-        producer_op=p.layer.op.name, function=function_name(copy), bits=options.bits,
+        producer_op=p.layer.op.name, function=function_name(copy), bits=bits,
         granularity=options.quantize_granularity or "per-tensor", storage=p.weights.storage,
         axis=p.layer.out_axis, weight_sqnr_db=p.sqnr, bias_correction=correction,
         params=params, weight_location=_weight_location(p.layer.kernel),
@@ -419,6 +421,11 @@ def _weight_location(kernel: producers.Kernel) -> str:
             break
         owner = defining_op(owner.operands[0])
     return ""
+
+
+def bits_of(options: FoldOptions) -> int | None:
+    """The weight bits of `quantize_weights` ("int8" -> 8), or None."""
+    return int(options.quantize_weights[3:]) if options.quantize_weights else None
 
 
 class QuantizeWeights(Pattern[Root, Layer, Plan]):
