@@ -24,7 +24,7 @@ import pytest
 
 import bnfold
 import support
-from bnfold import driver, patterns
+from bnfold import driver, patterns, schema
 from bnfold import ir as bir
 from bnfold.ir import ir, op_id
 from bnfold.rewriter import Rewriter
@@ -84,11 +84,16 @@ def texts(name: str) -> list[str]:
     return [(support.TESTDATA / name).read_text()]
 
 
+def options_of(options: dict, registry: tuple[patterns.Entry, ...] | None = None):
+    """`options` as the options class of `registry` (its patterns' options included)."""
+    return (bnfold.FoldOptions if registry is None else schema.build(registry))(**options)
+
+
 def fold(text: str, options: dict, registry: tuple[patterns.Entry, ...] | None = None
          ) -> bnfold.Report:
     context, module = support.parse(text)
     with context:
-        return bnfold.fold_module(module, bnfold.FoldOptions(**options), registry=registry)
+        return bnfold.fold_module(module, options_of(options, registry), registry=registry)
 
 
 Counts = dict[str, dict[str, int]]  # pattern -> phase -> calls
@@ -176,11 +181,19 @@ def test_a_change_planted_in_any_phase_fails_the_checks(entry, phase, monkeypatc
     """An IR change inside roots (at a step of its iteration), match, plan or apply (an
     existing op's attributes) fails the checking mode, which names the pattern and phase."""
     text, options = _smallest(entry.name, phase)
+    planted_change_fails(entry, phase, text, options, monkeypatch)
+
+
+def planted_change_fails(entry: patterns.Entry, phase: str, text: str, options: dict,
+                         monkeypatch: pytest.MonkeyPatch,
+                         registry: tuple[patterns.Entry, ...] | None = None) -> None:
+    """Folding `text` with a change planted in `entry`'s `phase` raises RuleViolation."""
     pattern = entry.load()
     context, module = support.parse(text)
     monkeypatch.setattr(type(pattern), phase, _planted(pattern, phase, module))
     with context, pytest.raises(driver.RuleViolation) as raised:
-        bnfold.fold_module(module, bnfold.FoldOptions(**options))
+        bnfold.fold_module(module, options_of(options, registry), registry=registry)
+    monkeypatch.undo()
     assert f"pattern {entry.name} broke the rules in {phase}" in str(raised.value)
 
 
