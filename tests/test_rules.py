@@ -233,7 +233,6 @@ def test_nothing_moves_to_an_op_created_where_an_erased_op_was():
     from bnfold.ledger import Ledger, Statistics
     from bnfold.overlay import input_nodes
     from bnfold.patterns.rewrite import bias_add
-    from bnfold.quant.equalize import output_axis  # noqa: F401 - quant loads lazily
 
     context = bir.make_context()
     module = bir.parse(CONV, context)

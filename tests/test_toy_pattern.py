@@ -18,7 +18,7 @@ from bnfold.patterns.base import Stage
 
 # The one registry line.
 REGISTRY = patterns.REGISTRY + (patterns.Entry(
-    toy_pattern.NAME, "replace negate(negate(x)) by x", "toy_pattern", Stage.FOLD,
+    "cancel-negations", "replace negate(negate(x)) by x", "toy_pattern", Stage.FOLD,
     opt_in="cancel_negations", reports="ran", options=toy_pattern.OPTIONS),)
 
 TEXT = """
@@ -55,7 +55,7 @@ def test_it_folds_and_reports_its_records():
     table = report.table()
     assert "cancelled  outer" in table and "not cancelled" in table
     assert report.summary().endswith(", skipped 0, cancelled 1 negation pair(s)")
-    assert report.cancelled == report.part(toy_pattern.NAME).records
+    assert report.cancelled == report.part("cancel-negations").records
 
 
 def test_it_is_opt_in_and_its_option_is_checked():
@@ -69,7 +69,7 @@ def test_it_is_opt_in_and_its_option_is_checked():
 
 def test_it_keeps_the_rules(monkeypatch):
     counts = test_rules.exercise(TEXT, {"cancel_negations": True}, REGISTRY)
-    assert counts[toy_pattern.NAME]["apply"] == 1
+    assert counts["cancel-negations"]["apply"] == 1
     for phase in test_rules.PHASES:
         test_rules.planted_change_fails(REGISTRY[-1], phase, TEXT, {"cancel_negations": True},
                                         monkeypatch, REGISTRY)

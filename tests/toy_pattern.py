@@ -29,8 +29,6 @@ from bnfold.report import Part, Section, columns, missed
 from bnfold.rewriter import Rewriter
 from bnfold.schema import Meta, Option
 
-NAME = "cancel-negations"
-
 OPTIONS = (Option("cancel_negations", False, Meta(
     "replace negate(negate(x)) by x", flag="--cancel-negations",
     pass_option="cancel-negations")),)
@@ -82,11 +80,11 @@ class CancelNegations(Pattern[ir.Operation, Pair, Pair]):
         rewriter.replace_op(plan.outer, [plan.inner.operands[0]])
 
     def record(self, ctx: Context, plan: Pair, applied: None) -> None:
-        ctx.ledger.add(NAME, Cancelled(ctx.ledger.location(plan.outer),
+        ctx.ledger.add(Cancelled(ctx.ledger.location(plan.outer),
                                        ctx.ledger.location(plan.inner)))
 
     def refuse(self, ctx: Context, subject: ir.Operation | Pair, refusal: Refusal) -> None:
-        ctx.ledger.refuse_in(NAME, subject if isinstance(subject, ir.Operation) else
+        ctx.ledger.add_refusal(subject if isinstance(subject, ir.Operation) else
                              subject.outer, refusal)
 
 

@@ -98,6 +98,7 @@ class Ledger:
         self._folded: set[Handle] = set()
         self._refusals: dict[Handle, Skip] = {}
         self._parts: dict[str, Part] = {}  # each reporting pattern's own records
+        self._running = ""  # the pattern the driver runs now
         # producer -> the folds it absorbed, and the statistics of its output
         self._absorbed: dict[Handle, list[Fold]] = {}
         self._statistics: dict[Handle, Statistics] = {}
@@ -113,27 +114,29 @@ class Ledger:
                 self._parts[entry.name] = Part(entry.name, entry.section())
 
     def ran(self, entry: Entry) -> None:
-        """`entry`'s pattern runs now: its section (if it reports) is in the report."""
+        """`entry`'s pattern runs now (until the next one): its section, if it reports, is
+        in the report, and `records`, `add` and `add_refusal` are its."""
+        self._running = entry.name
         if entry.reports:
             self.expect([entry])
             self._parts.setdefault(entry.name, Part(entry.name, entry.section())).ran = True
 
-    def part(self, name: str) -> Part:
-        """Pattern `name`'s records and refusals so far (its entry reports)."""
-        return self._parts[name]
+    def records(self) -> Part:
+        """The running pattern's records and refusals so far (its entry reports)."""
+        return self._parts[self._running]
 
-    def add(self, name: str, record: Any) -> Any:
-        """Records what pattern `name` did (a record of the type its section renders)."""
-        self._parts[name].records.append(record)
+    def add(self, record: Any) -> Any:
+        """Records what the running pattern did (a record of the type its section renders)."""
+        self.records().records.append(record)
         return record
 
-    def refuse_in(self, name: str, op: ir.Operation, refusal: Refusal,
-                  layers: Sequence[ir.Operation] = ()) -> None:
-        """Pattern `name` did not rewrite `op` (or the set of `layers` it heads, refused as a
-        whole), because `refusal`."""
+    def add_refusal(self, op: ir.Operation, refusal: Refusal,
+                    layers: Sequence[ir.Operation] = ()) -> None:
+        """The running pattern did not rewrite `op` (or the set of `layers` it heads, refused
+        as a whole), because `refusal`."""
         skip = self._skip(op, refusal)
         skip.layers = [self.location(layer) for layer in layers]
-        self._parts[name].refused.append(skip)
+        self.records().refused.append(skip)
 
     def location(self, op: ir.Operation) -> str:
         return format_location(op.location, self._source_name)

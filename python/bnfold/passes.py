@@ -32,10 +32,10 @@ from typing import Any
 
 from bnfold import pass_syntax
 from bnfold.errors import BnfoldError
+from bnfold.fold import fold_module
 from bnfold.ir import format_diagnostics, ir, passmanager, register_passes
 from bnfold.options import FoldOptions, Kind, Meta, OptionError, PassSpec
 from bnfold.patterns import PASSES, pattern_names
-from bnfold.pipeline import fold_module
 from bnfold.report import Report
 from bnfold.schema import meta, table
 

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnfold import affine, chains, elements, precision, producers
+from bnfold import affine, chains, elements, precision, producers, statistics
 from bnfold.affine import Affine, Composed, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import Chain, note
@@ -42,17 +42,15 @@ from bnfold.constants import argument_refusal, parameter_argument
 from bnfold.graph import carry_attributes, defining_op
 from bnfold.ir import ir
 from bnfold.ledger import Statistics
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, behind_calls, ops_within
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, fold_record, plan_kernel
-from bnfold.quant import statistics
 from bnfold.refusal import Code, Refusal
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "backward-affine"
 
 
 @dataclass(frozen=True)
@@ -362,8 +360,6 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
 class BackwardAffine(Pattern[Chain, Match, Plan]):
     """Folds each affine chain into the producer(s) before it."""
 
-    NAME = NAME
-    STAGE = Stage.FOLD
 
     def roots(self, ctx: Context) -> Iterable[Chain]:
         return chains.candidates(ctx).chains

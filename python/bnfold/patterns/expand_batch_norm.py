@@ -26,14 +26,13 @@ import numpy as np
 from bnfold import elements
 from bnfold.affine import Affine, Step, apply
 from bnfold.ir import ir, stablehlo
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.report import Part, Section
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "expand-batch-norm"
 
 
 @dataclass(frozen=True)
@@ -47,8 +46,6 @@ class Plan:
 class ExpandBatchNorm(Pattern[ir.Operation, ir.Operation, Plan]):
     """Expands every static float batch_norm_inference that is still there."""
 
-    NAME = NAME
-    STAGE = Stage.LOWER
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
         found: list[ir.Operation] = []
@@ -81,7 +78,7 @@ class ExpandBatchNorm(Pattern[ir.Operation, ir.Operation, Plan]):
         rewriter.replace_op(op, [value])
 
     def record(self, ctx: Context, plan: Plan, applied: None) -> None:
-        ctx.ledger.add(NAME, ctx.ledger.location(plan.op))
+        ctx.ledger.add(ctx.ledger.location(plan.op))
 
 
 def _folded(op: ir.Operation, fit: Affine) -> ir.Value:

@@ -63,7 +63,7 @@ from bnfold.chains import note
 from bnfold.constants import map_axis_through_reshape
 from bnfold.graph import carry_attributes, defining_op
 from bnfold.ir import ir, stablehlo
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, behind_calls
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, constant_add, fold_record, plan_kernel
 from bnfold.refusal import Code, Refusal
@@ -74,7 +74,6 @@ if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "forward-affine"
 # Each forward fold and the producer it built, for merge-bias (Analysis.hand_on).
 FORWARD_FOLDS = "forward-affine:folds"
 
@@ -523,8 +522,6 @@ def _build_one(rewriter: Rewriter, p: Plan) -> Applied:
 class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
     """Folds the affine chain before each producer into it."""
 
-    NAME = NAME
-    STAGE = Stage.FOLD
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
         for producer in chains.candidates(ctx).producers:

@@ -48,7 +48,6 @@ if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "inline-calls"
 MAX_ROUNDS = 8  # helpers calling helpers calling helpers ...
 
 
@@ -82,14 +81,12 @@ RECORDS = Inlined()
 class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
     """Inlines the private calls later patterns need to see through."""
 
-    NAME = NAME
-    STAGE = Stage.PREPARE
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
         for _ in range(MAX_ROUNDS):  # each round reaches one more level of nesting
-            before = len(ctx.ledger.part(NAME).records)
+            before = len(ctx.ledger.records().records)
             yield from [c for c in graph.calls(ctx.functions()) if not ctx.rewriter.is_replaced(c)]
-            if len(ctx.ledger.part(NAME).records) == before:
+            if len(ctx.ledger.records().records) == before:
                 return
 
     def match(self, ctx: Context, root: ir.Operation) -> Inline | None:
@@ -109,10 +106,10 @@ class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
         return symbol_name(plan.callee)
 
     def record(self, ctx: Context, plan: Inline, applied: str) -> None:
-        ctx.ledger.add(NAME, applied)
+        ctx.ledger.add(applied)
 
     def finish(self, ctx: Context) -> None:
-        drop_uncalled(ctx, set(ctx.ledger.part(NAME).records))
+        drop_uncalled(ctx, set(ctx.ledger.records().records))
 
 
 @dataclass(frozen=True)

@@ -44,12 +44,11 @@ import numpy as np
 from bnfold import elements, precision, producers
 from bnfold.analysis import Analysis
 from bnfold.attributes import batch_groups
-from bnfold.constants import argument_refusal, parameter_argument
 from bnfold.graph import function_name
 from bnfold.ir import ir, op_id
 from bnfold.laws import Edit, Interval
 from bnfold.ledger import Statistics
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.rewrite import KernelRewrite, broadcast_constant, plan_kernel
 from bnfold.producers import InputScaleMap, Kernel
 from bnfold.quant import region
@@ -61,7 +60,6 @@ from bnfold.rewriter import Rewriter
 if TYPE_CHECKING:
     from bnfold.driver import Context
 
-NAME = "equalize"
 # Each equalized set and its layers, for high-bias absorption (Analysis.hand_on).
 EQUALIZED_SETS = "equalize:sets"
 MAX_ITERATIONS = 200
@@ -153,7 +151,7 @@ def pair(op: ir.Operation, ctx: Context, layers: dict[int, Layer | Refusal]
          ) -> Pair | Refusal | None:
     """`op` as layer 1 with the next producer, or why not (None: no next producer)."""
     analysis = ctx.analysis
-    out = output_axis(op, analysis)
+    out = producers.output_axis(op, analysis.evaluator)
     if out is None:
         return None
     result_axis, kernel_axis = out
@@ -185,28 +183,6 @@ def source_interval(statistics: Statistics | None, channels: int) -> Interval:
         return region.unknown(channels)
     mean, spread = found
     return Interval(mean - precision.RANGE_SIGMAS * spread, mean + precision.RANGE_SIGMAS * spread)
-
-
-def output_axis(op: ir.Operation, analysis: Analysis
-                ) -> tuple[int, producers.KernelAxis | Refusal] | None:
-    """The result axis of output channels and the kernel axis behind it."""
-    result = elements.ranked_type(op.results[0])
-    if result is None or not elements.is_float(result.element_type):
-        return None
-    for axis in producers.candidate_output_axes(op):
-        kernel_axis = producers.output_kernel_axis(op, axis)
-        if isinstance(kernel_axis, Refusal):
-            continue
-        if producers.is_constant(op.operands[kernel_axis.operand], analysis.evaluator):
-            return axis, kernel_axis
-    axis = producers.candidate_output_axes(op)[0]
-    kernel_axis = producers.output_kernel_axis(op, axis)
-    if not isinstance(kernel_axis, Refusal):
-        argument = parameter_argument(op.operands[kernel_axis.operand], analysis.evaluator)
-        if argument is not None:
-            return axis, argument_refusal(argument, "the kernel", Code.KERNEL_ARGUMENT)
-    return axis, Refusal(Code.KERNEL_ARGUMENT, "kernel is not constant (bind parameters first: "
-                                               "--bind-params)")
 
 
 def _input_map(op: ir.Operation, found: Region) -> InputScaleMap | Refusal:
@@ -507,8 +483,6 @@ class Root:
 class Equalize(Pattern[Root, list[Pair], SetPlan]):
     """Equalizes every set of linked layer pairs."""
 
-    NAME = NAME
-    STAGE = Stage.QUANTIZE
 
     def roots(self, ctx: Context) -> Iterable[Root]:
         ops = _producers(ctx)
@@ -525,10 +499,10 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
 
     def refuse(self, ctx: Context, subject: Root | list[Pair], refusal: Refusal) -> None:
         if isinstance(subject, Root):
-            ctx.ledger.refuse_in(NAME, subject.op, refusal)
+            ctx.ledger.add_refusal(subject.op, refusal)
         else:
             layers = [subject[0].first.op, *(p.second.op for p in subject)]
-            ctx.ledger.refuse_in(NAME, layers[0], refusal, layers)
+            ctx.ledger.add_refusal(layers[0], refusal, layers)
 
     def apply(self, rewriter: Rewriter, plan: SetPlan) -> Applied:
         return build(rewriter, plan)
@@ -541,7 +515,7 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
             if stats is not None and index < len(plan.links):  # its output is divided by s
                 ledger.set_statistics(layer, stats.scaled(1.0 / plan.links[index].scale))
         record = Equalized(
-            id=f"eq{len(ledger.part(NAME).records)}",
+            id=f"eq{len(ledger.records().records)}",
             layers=[ledger.location(layer.op) for layer in plan.layers],
             layer_ops=[layer.op.name for layer in plan.layers],
             between=[link.pair.region.describe() for link in plan.links],
@@ -550,7 +524,7 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
             range_ratio_before=[range_ratio(r) for r in plan.before],
             range_ratio_after=[range_ratio(r) for r in plan.after],
             params={f"scale{i}": link.scale.copy() for i, link in enumerate(plan.links)})
-        ledger.add(NAME, record)
+        ledger.add(record)
         ctx.analysis.hand_on(EQUALIZED_SETS, record, applied.layers)
 
     def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:

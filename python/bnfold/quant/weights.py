@@ -44,10 +44,9 @@ import numpy as np
 from bnfold import attributes, elements, precision, producers
 from bnfold.graph import carry_attributes, defining_op, function_name
 from bnfold.ir import ir, stablehlo
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.rewrite import bias_add
 from bnfold.quant import region
-from bnfold.quant.equalize import output_axis
 from bnfold.quant.moments import Walk
 from bnfold.refusal import Code, Refusal
 from bnfold.report import Part, Section, Skip, columns, count, missed, parameter_path
@@ -58,7 +57,6 @@ if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.options import FoldOptions
 
-NAME = "quantize-weights"
 
 
 @dataclass(frozen=True)
@@ -214,7 +212,7 @@ def layer(root: Root, ctx: Context) -> Layer | Refusal | None:
     """The root's constant float kernel, or why it has none to quantize (None: not float)."""
     op = root.op
     analysis = ctx.analysis
-    found = output_axis(op, analysis)
+    found = producers.output_axis(op, analysis.evaluator)
     if found is None:
         return None
     _, kernel_axis = found
@@ -395,7 +393,7 @@ def _record(ctx: Context, p: Plan, copy: ir.Operation) -> Quantized:
     bits = bits_of(options)
     assert bits is not None
     return Quantized(
-        id=f"q{len(ledger.part(NAME).records)}", producer=ledger.location(p.layer.op),
+        id=f"q{len(ledger.records().records)}", producer=ledger.location(p.layer.op),
         producer_op=p.layer.op.name, function=function_name(copy), bits=bits,
         granularity=options.quantize_granularity or "per-tensor", storage=p.weights.storage,
         axis=p.layer.out_axis, weight_sqnr_db=p.sqnr, bias_correction=correction,
@@ -433,8 +431,6 @@ class QuantizeWeights(Pattern[Root, Layer, Plan]):
     pre-activation keeps its mean (that is the correction), so the moments the walk
     already knows downstream of it still hold."""
 
-    NAME = NAME
-    STAGE = Stage.QUANTIZE
 
     def roots(self, ctx: Context) -> Iterable[Root]:
         walk = Walk(ctx)
@@ -457,13 +453,13 @@ class QuantizeWeights(Pattern[Root, Layer, Plan]):
         return plan(ctx, match)
 
     def refuse(self, ctx: Context, subject: Root | Layer, refusal: Refusal) -> None:
-        ctx.ledger.refuse_in(NAME, subject.op, refusal)
+        ctx.ledger.add_refusal(subject.op, refusal)
 
     def apply(self, rewriter: Rewriter, plan: Plan) -> ir.Operation:
         return build(rewriter, plan)
 
     def record(self, ctx: Context, plan: Plan, applied: ir.Operation) -> None:
-        ctx.ledger.add(NAME, _record(ctx, plan, applied))
+        ctx.ledger.add(_record(ctx, plan, applied))
 
     def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
         """With bias correction: a helper on the way from the batch norms to a layer
