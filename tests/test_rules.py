@@ -34,6 +34,12 @@ LIT = ROOT / "lit_tests"
 
 PHASES = ("roots", "match", "plan", "apply")
 
+
+@pytest.fixture(autouse=True)
+def every_phase(monkeypatch):
+    """The rule tests check every phase of every root, on large modules too."""
+    monkeypatch.setattr(driver, "CHECK_UP_TO", None)
+
 # A forward fold's new bias, a reshape, then an existing bias: merge-bias merges the two.
 MERGE_BIAS = """
 func.func @main(%x: tensor<2x4xf32>) -> tensor<2x1x2xf32> {

@@ -15,8 +15,9 @@ In checking mode (`CHECKING`: on when the environment sets `BNFOLD_CHECK_RULES=1
 the test suite does; off for users) the driver also enforces the rules it relies on,
 and raises `RuleViolation` naming the pattern and the phase that broke one:
 
-* `roots` (each step of its iteration), `match` and `plan` leave the IR exactly as
-  they found it: the same ops, attributes and operands (a structural fingerprint);
+* `roots` (each step of its iteration), `match`, `plan` and `record` leave the IR
+  exactly as they found it: the same ops, attributes and operands (a structural
+  fingerprint; modules of up to `CHECK_UP_TO` ops);
 * `apply` only creates ops: every op that existed before is still there with its
   attributes, and its operands are the ones it had unless a `Rewriter.replace_op`
   redirected them; nothing is erased while patterns run;
@@ -43,6 +44,9 @@ from bnfold.refusal import Refusal
 from bnfold.rewriter import Rewriter
 
 CHECKING = os.environ.get("BNFOLD_CHECK_RULES", "") not in ("", "0")
+# The largest module (in ops) checked: a fingerprint per phase of every root costs
+# minutes on a large model (tests/test_rules.py checks its large models: None, any size).
+CHECK_UP_TO: int | None = 400
 
 S = TypeVar("S")
 
@@ -127,8 +131,10 @@ def run(ctx: Context, registry: tuple[Entry, ...] | None = None) -> None:
 def run_pattern(ctx: Context, pattern: Pattern, name: str = "") -> None:
     """match -> plan -> apply -> record for every root of one pattern, then `finish`."""
     if CHECKING:
-        _Checked(ctx, pattern, name or type(pattern).__name__).run()
-        return
+        before = fingerprint(ctx.module)
+        if CHECK_UP_TO is None or len(before) <= CHECK_UP_TO:
+            _Checked(ctx, pattern, name or type(pattern).__name__).run(before)
+            return
     for root in pattern.roots(ctx):
         matched = _accepted(ctx, pattern, root, pattern.match(ctx, root))
         if matched is None:
@@ -190,9 +196,8 @@ class _Checked:
         self.ctx, self.pattern, self.name = ctx, pattern, name
         self.counts = EXERCISED.setdefault(name, {"roots": 0, "match": 0, "plan": 0, "apply": 0})
 
-    def run(self) -> None:
+    def run(self, before: Fingerprint) -> None:
         ctx, pattern = self.ctx, self.pattern
-        before = fingerprint(ctx.module)
         roots: Iterator[Any] = iter(pattern.roots(ctx))
         while True:
             try:
