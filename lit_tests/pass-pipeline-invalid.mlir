@@ -23,7 +23,9 @@
 // FLAG: bnfold-opt: --equalize: error: with --pass-pipeline, the pipeline's passes take the fold options: --equalize, --quantize-weights would apply to no pass. Write them in the pipeline as pass options: 'bnfold-fold{equalize=true quantize-weights=int8}'
 // A function to skip that the input lacks lists the functions there are.
 // RUN: not %bnfold-opt %s --pass-pipeline 'builtin.module(bnfold-fold{skip-func=mian})' 2>&1 | %filecheck %s --check-prefix=SKIP
-// SKIP: bnfold-opt: --pass-pipeline: bnfold-fold{skip-func}: error: the module has no function @mian; its functions: @main
+// SKIP: bnfold-opt: --pass-pipeline: bnfold-fold{skip-func}: error: the module has no function @mian; its functions: @main (column 38)
+// SKIP-NEXT: builtin.module(bnfold-fold{skip-func=mian})
+// SKIP-NEXT: {{^ {39}\^$}}
 
 func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> {
   return %x : tensor<2xf32>

@@ -49,7 +49,7 @@ scale max(max / 127, -min / 128)), and say what the script's quantizer gives.
 Without `--aimet-bc` the rows say why they are empty.
 
 Needs torch 2.13 (CPU), torchax, torchvision, scikit-learn, optionally
-aimet-torch; see README "Results: per-tensor int8 weights". Usage:
+aimet-torch; see docs/quantization.md "Results: per-tensor int8 weights". Usage:
 
     python tools/quant_bench.py [--out results.md] [--no-aimet] [--aimet-bc DIR] [--epochs 300]
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Screenshot of `bnfold-opt --visualize` (the README's Model Explorer picture).
+"""Screenshot of `bnfold-opt --visualize` (the Model Explorer picture in docs/report.md).
 
 Runs `python -m bnfold IN -o OUT --visualize` (needs the `bnfold[viz]` extra),
 waits for the URL it prints, opens it in headless Chromium through Playwright,
@@ -11,7 +11,7 @@ green, ops that did not fold red) and the folded graph beside it.
     apt-get install chromium          # /usr/bin/chromium
     python tools/screenshot_viz.py model.mlir shot.png [--port 8124] [--wait 15]
 
-The README's picture:
+The picture in docs/report.md:
 
     python tools/screenshot_viz.py testdata/models/keras_densenet121_block_nhwc.mlir \
         tools/screenshots/model-explorer-densenet121.png

@@ -74,6 +74,10 @@ class FoldPass:
     hand_on_statistics: bool = False
     argument: str = "bnfold-fold"  # the pass's name in the pipeline
     check_skipped: bool = True  # skip-func must name functions of the module
+    # The pipeline's text and this pass's element in it, so that an option error found
+    # only when the pass runs (skip-func naming no function) points at its column.
+    pipeline: str | None = None
+    element: pass_syntax.Element | None = None
 
     def __call__(self, op: Any, pass_: Any) -> None:
         try:
@@ -85,12 +89,22 @@ class FoldPass:
                                           check_skipped=self.check_skipped))
         except OptionError as e:  # named as the pipeline spells it
             spelled = e.spelled(_BY_NAME.get(self.argument, _BY_NAME["bnfold-fold"]).spelling)
-            self.error = BnfoldError(spelled.message,
+            self.error = BnfoldError(spelled.message + self._point_at(e.field),
                                      location=f"--pass-pipeline: {spelled.location}")
             pass_.signal_pass_failure()
         except BnfoldError as e:
             self.error = e
             pass_.signal_pass_failure()
+
+
+    def _point_at(self, name: str | None) -> str:
+        """The column of the option `name` (a FoldOptions field) in the pipeline, with a
+        caret; the pass's own column when it was not given; nothing outside a pipeline."""
+        if self.pipeline is None or self.element is None:
+            return ""
+        key = _pass_option(name) if name is not None else None
+        at = next((o.value_at for o in self.element.options if o.key == key), self.element.at)
+        return pass_syntax.point_at(self.pipeline, at)
 
 
 def add_fold(pm: passmanager.PassManager, options: FoldOptions | None = None, *,
@@ -130,6 +144,7 @@ def run_pipeline(module: ir.Module, pipeline: str, *, source_name: str | None = 
                 # bias correction, equalization and high-bias absorption) survives.
                 fold.take_statistics = bool(folds)
                 fold.check_skipped = check_skipped
+                fold.pipeline, fold.element = pipeline, element
                 fold.hand_on_statistics = index < max(bnfold_options)
                 folds.append(fold)
                 continue
