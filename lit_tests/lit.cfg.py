@@ -34,3 +34,5 @@ config.substitutions.append(("%filecheck", "filecheck"))
 config.substitutions.append(("%testdata", shlex.quote(os.path.join(root, "testdata"))))
 config.environment["PYTHONPATH"] = pythonpath
 config.environment["PATH"] = os.environ.get("PATH", "")
+# The driver checks its rules (bnfold.driver.CHECKING) when the suite asks it to.
+config.environment["BNFOLD_CHECK_RULES"] = os.environ.get("BNFOLD_CHECK_RULES", "")

@@ -1,17 +1,22 @@
-"""The core's rules, enforced on real modules with every pattern running.
+"""The core's rules, enforced on real modules with every registered pattern running, by the
+driver's own checking mode (`bnfold.driver.CHECKING`, on in the whole suite: tests/conftest.py):
 
-* `match` and `plan` are pure: the IR is exactly the same after them.
+* `roots` (every step of its iteration), `match`, `plan` and `record` leave the IR exactly
+  as they found it;
 * `apply` only creates ops and goes through the rewriter: every op that existed before
   keeps its attributes and the *identity* of its operands, except operands that a
-  recorded `Rewriter.replace_op` / `replace_uses` redirected; nothing is erased while
-  patterns run (erasure waits for `Rewriter.finish`).
-* No state keyed by an op's address survives an erase: MLIR hands a freed address to
+  `Rewriter.replace_op` redirected; nothing is erased while patterns run (erasure waits
+  for `Rewriter.finish`); the rewriter's handles all name ops still in the module;
+* every registered pattern is exercised here (its roots reach `match`, and `apply`);
+* a change planted in any pattern's phase makes the checking mode fail, naming both;
+* no state keyed by an op's address survives an erase: MLIR hands a freed address to
   the next op it creates, and that newcomer must not inherit a report entry, an overlay
   node or a statistic.
 """
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +24,7 @@ import pytest
 
 import bnfold
 import support
-from bnfold import driver
+from bnfold import driver, patterns, schema
 from bnfold import ir as bir
 from bnfold.ir import ir, op_id
 from bnfold.rewriter import Rewriter
@@ -27,125 +32,188 @@ from bnfold.rewriter import Rewriter
 ROOT = Path(__file__).resolve().parent.parent
 LIT = ROOT / "lit_tests"
 
-
-def _snapshot(module: ir.Module) -> list[tuple[object, str, str, tuple]]:
-    found: list[tuple[object, str, str, tuple]] = []
-
-    def visit(op):
-        op = op.operation
-        attrs = ";".join(f"{n}={op.attributes[n]}" for n in op.attributes)
-        found.append((op, op.name, attrs, tuple(op.operands)))
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
+PHASES = ("roots", "match", "plan", "apply")
 
 
-class Guard:
-    """Checks the rules around every call the driver makes."""
+@pytest.fixture(autouse=True)
+def every_phase(monkeypatch):
+    """The rule tests check every phase of every root, on large modules too."""
+    monkeypatch.setattr(driver, "CHECK_UP_TO", None)
 
-    def __init__(self, module: ir.Module, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.module = module
-        self.redirected: dict[object, object] = {}
-        self.calls = {"match": 0, "plan": 0, "apply": 0}
-        guard = self
-        replace_op, replace_uses = Rewriter.replace_op, Rewriter.replace_uses
+# A forward fold's new bias, a reshape, then an existing bias: merge-bias merges the two.
+MERGE_BIAS = """
+func.func @main(%x: tensor<2x4xf32>) -> tensor<2x1x2xf32> {
+  %s = stablehlo.constant dense<[2.0, 0.5, 1.5, 3.0]> : tensor<4xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [1] : (tensor<4xf32>) -> tensor<2x4xf32>
+  %t = stablehlo.constant dense<[1.0, -1.0, 0.5, 0.25]> : tensor<4xf32>
+  %tb = stablehlo.broadcast_in_dim %t, dims = [1] : (tensor<4xf32>) -> tensor<2x4xf32>
+  %m = stablehlo.multiply %x, %sb : tensor<2x4xf32>
+  %a = stablehlo.add %m, %tb : tensor<2x4xf32>
+  %w = stablehlo.constant dense<[[0.5, -0.25], [1.0, 0.75], [0.5, -1.0], [0.25, 2.0]]> : tensor<4x2xf32>
+  %y = stablehlo.dot_general %a, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x2xf32>) -> tensor<2x2xf32>
+  %r = stablehlo.reshape %y : (tensor<2x2xf32>) -> tensor<2x1x2xf32>
+  %c = stablehlo.constant dense<[0.1, 0.2]> : tensor<2xf32>
+  %cb = stablehlo.broadcast_in_dim %c, dims = [2] : (tensor<2xf32>) -> tensor<2x1x2xf32>
+  %o = stablehlo.add %r, %cb : tensor<2x1x2xf32>
+  return %o : tensor<2x1x2xf32>
+}
+"""
+TEXTS = {"merge-bias": MERGE_BIAS}
 
-        def record_replace(rewriter, op, values, **kwargs):
-            for result, value in zip(op.results, values, strict=True):
-                guard.redirected[result] = value
-            return replace_op(rewriter, op, values, **kwargs)
-
-        def record_uses(rewriter, value, new, **kwargs):
-            guard.redirected[value] = new
-            return replace_uses(rewriter, value, new, **kwargs)
-
-        monkeypatch.setattr(Rewriter, "replace_op", record_replace)
-        monkeypatch.setattr(Rewriter, "replace_uses", record_uses)
-        monkeypatch.setattr(driver, "run_pattern", self.run_pattern)
-
-    def run_pattern(self, ctx: driver.Context, pattern) -> None:
-        for root in pattern.roots(ctx):
-            before = _snapshot(self.module)
-            matched = pattern.match(ctx, root)
-            self.unchanged(before, f"{pattern.NAME}.match")
-            self.calls["match"] += 1
-            if matched is None or isinstance(matched, bnfold.refusal.Refusal):
-                if matched is not None:
-                    pattern.refuse(ctx, root, matched)
-                continue
-            planned = pattern.plan(ctx, matched)
-            self.unchanged(before, f"{pattern.NAME}.plan")
-            self.calls["plan"] += 1
-            if planned is None or isinstance(planned, bnfold.refusal.Refusal):
-                if planned is not None:
-                    pattern.refuse(ctx, matched, planned)
-                continue
-            self.redirected.clear()
-            applied = pattern.apply(ctx.rewriter, planned)
-            self.only_created(before, pattern.NAME)
-            self.calls["apply"] += 1
-            pattern.record(ctx, planned, applied)
-        pattern.finish(ctx)
-
-    def unchanged(self, before, where: str) -> None:
-        after = _snapshot(self.module)
-        assert len(after) == len(before), f"{where} added or removed ops"
-        for (op, name, attrs, operands), (op2, name2, attrs2, operands2) in zip(before, after,
-                                                                               strict=True):
-            assert op == op2 and name == name2 and attrs == attrs2 and operands == operands2, \
-                f"{where} changed {name}"
-
-    def only_created(self, before, where: str) -> None:
-        after = {op_id(op): (name, attrs, operands) for op, name, attrs, operands in _snapshot(self.module)}
-        for op, name, attrs, operands in before:
-            key = op_id(op)
-            assert key in after, f"{where}.apply erased {name} (erasure waits for finish)"
-            name2, attrs2, operands2 = after[key]
-            assert (name2, attrs2) == (name, attrs), f"{where}.apply changed {name}'s attributes"
-            expected = tuple(self._follow(v) for v in operands)
-            assert operands2 == expected, f"{where}.apply rewired an operand of {name} by hand"
-
-    def _follow(self, value):
-        while value in self.redirected:
-            value = self.redirected[value]
-        return value
-
-
+# Modules that exercise every registered pattern (test_every_registered_pattern_is_exercised):
+# add one that reaches yours.
 MODULES = [
+    ("text:merge-bias", {}),
+    ("lit:backward-affine.mlir", {}),
+    ("lit:forward-affine.mlir", {}),
+    ("lit:deployment-forms.mlir", {}),
+    ("lit:controls.mlir", {"expand_batch_norm": True}),
+    ("lit:equalize.mlir", {"equalize": True}),
+    ("lit:absorb-high-bias.mlir", {"equalize": True, "absorb_high_bias": True}),
+    ("lit:quantize-weights.mlir", {"quantize_weights": "int4", "bias_correction": True,
+                                   "quantize_granularity": "per-channel"}),
     ("models/keras_mobilenetv2_nhwc.mlir", {"equalize": True, "absorb_high_bias": True}),
     ("models/deployment_flax_resnet18_multiplatform_nhwc.mlir", {}),
     ("models/deployment_jax_jit_conv_helper_nhwc.mlir", {"equalize": True}),
     ("models/torchax_normalized_stem_nchw.mlir", {}),
     ("models/keras_efficientnet_stem_nhwc.mlir", {"expand_batch_norm": True}),
-    ("lit:absorb-high-bias.mlir", {"equalize": True, "absorb_high_bias": True}),
-    ("lit:equalize.mlir", {"equalize": True}),
-    ("lit:forward-affine.mlir", {}),
     ("lit:fold-scale.mlir", {}),
     ("lit:forward-norm.mlir", {}),
     ("models/haiku_resnet_nhwc.mlir", {"equalize": True, "quantize_weights": "int8",
                                        "bias_correction": True}),
-    ("lit:quantize-weights.mlir", {"quantize_weights": "int4", "bias_correction": True,
-                                   "quantize_granularity": "per-channel"}),
 ]
 
 
-def _texts(name: str) -> list[str]:
+def texts(name: str) -> list[str]:
+    if name.startswith("text:"):
+        return [TEXTS[name[5:]]]
     if name.startswith("lit:"):
         return [t for t in (LIT / name[4:]).read_text().split("// -----") if "func.func" in t]
     return [(support.TESTDATA / name).read_text()]
 
 
+def options_of(options: dict, registry: tuple[patterns.Entry, ...] | None = None):
+    """`options` as the options class of `registry` (its patterns' options included)."""
+    return (bnfold.FoldOptions if registry is None else schema.build(registry))(**options)
+
+
+def fold(text: str, options: dict, registry: tuple[patterns.Entry, ...] | None = None
+         ) -> bnfold.Report:
+    context, module = support.parse(text)
+    with context:
+        return bnfold.fold_module(module, options_of(options, registry), registry=registry)
+
+
+Counts = dict[str, dict[str, int]]  # pattern -> phase -> calls
+
+
+def exercise(text: str, options: dict, registry: tuple[patterns.Entry, ...] | None = None
+             ) -> Counts:
+    """Folds `text` in checking mode; what each pattern went through."""
+    assert driver.CHECKING, "tests/conftest.py turns the driver's checking mode on"
+    before = {name: dict(c) for name, c in driver.EXERCISED.items()}
+    fold(text, options, registry)
+    return {name: {phase: n - before.get(name, {}).get(phase, 0) for phase, n in c.items()}
+            for name, c in driver.EXERCISED.items()}
+
+
+@cache
+def survey() -> dict[tuple[str, int], Counts]:
+    """Every text of MODULES folded once in checking mode: (module, case) -> counts."""
+    return {(name, i): exercise(text, options)
+            for name, options in MODULES for i, text in enumerate(texts(name))}
+
+
 @pytest.mark.parametrize("name, options", MODULES, ids=[m[0].split("/")[-1] for m in MODULES])
-def test_patterns_are_pure_until_apply_and_apply_only_creates(name, options, monkeypatch):
-    applied = 0
-    for text in _texts(name):
-        context, module = support.parse(text)
-        guard = Guard(module, monkeypatch)
-        with context:
-            bnfold.fold_module(module, bnfold.FoldOptions(**options))
-        applied += guard.calls["apply"]
-    assert applied, "nothing was applied: the guard checked nothing"
+def test_patterns_keep_the_rules(name, options):
+    """The driver raises RuleViolation when a pattern breaks a rule; here every module
+    folds without one, and something was applied (the checks saw real rewrites)."""
+    applied = sum(counts.get("apply", 0) for (module, _), found in survey().items()
+                  if module == name for counts in found.values())
+    assert applied, "nothing was applied: the checking mode checked no rewrite"
+
+
+@pytest.mark.parametrize("entry", patterns.REGISTRY, ids=lambda e: e.name)
+def test_every_registered_pattern_is_exercised(entry):
+    """Each registered pattern has roots that reach match, and applies somewhere in MODULES:
+    a new pattern needs a module here that exercises it."""
+    found = [c.get(entry.name, {}) for c in survey().values()]
+    assert any(c.get("match", 0) for c in found), f"{entry.name}: no root reached match"
+    assert any(c.get("apply", 0) for c in found), f"{entry.name}: nothing applied"
+
+
+def _smallest(pattern: str, phase: str) -> tuple[str, dict]:
+    """The smallest text of MODULES in which `pattern` reaches `phase`."""
+    options = dict(MODULES)
+    found = [(len(texts(name)[i]), name, i) for (name, i), c in survey().items()
+             if c.get(pattern, {}).get(phase, 0)]
+    assert found, f"{pattern} never reaches {phase} in MODULES"
+    _, name, i = min(found)
+    return texts(name)[i], options[name]
+
+
+def _plant(module: ir.Module) -> None:
+    """A change anywhere in the module (a discardable attribute on its first function)."""
+    func = module.body.operations[0].operation
+    count = len(func.attributes)
+    func.attributes[f"bnfold.planted{count}"] = ir.UnitAttr.get()
+
+
+def _planted(pattern, phase: str, module: ir.Module):
+    """`pattern`'s method of `phase`, changing `module` first (roots: at its first step;
+    apply: after it, the attributes of an op that existed before)."""
+    original = getattr(type(pattern), phase)
+
+    if phase == "roots":
+        def roots(self, ctx):
+            found = iter(original(self, ctx))
+            _plant(ctx.module)
+            yield from found
+        return roots
+    if phase == "apply":
+        def apply(self, rewriter, plan):
+            applied = original(self, rewriter, plan)
+            _plant(module)
+            return applied
+        return apply
+
+    def method(self, ctx, subject):
+        _plant(ctx.module)
+        return original(self, ctx, subject)
+    return method
+
+
+@pytest.mark.parametrize("phase", PHASES)
+@pytest.mark.parametrize("entry", patterns.REGISTRY, ids=lambda e: e.name)
+def test_a_change_planted_in_any_phase_fails_the_checks(entry, phase, monkeypatch):
+    """An IR change inside roots (at a step of its iteration), match, plan or apply (an
+    existing op's attributes) fails the checking mode, which names the pattern and phase."""
+    text, options = _smallest(entry.name, phase)
+    planted_change_fails(entry, phase, text, options, monkeypatch)
+
+
+def planted_change_fails(entry: patterns.Entry, phase: str, text: str, options: dict,
+                         monkeypatch: pytest.MonkeyPatch,
+                         registry: tuple[patterns.Entry, ...] | None = None) -> None:
+    """Folding `text` with a change planted in `entry`'s `phase` raises RuleViolation."""
+    pattern = entry.load()
+    context, module = support.parse(text)
+    monkeypatch.setattr(type(pattern), phase, _planted(pattern, phase, module))
+    with context, pytest.raises(driver.RuleViolation) as raised:
+        bnfold.fold_module(module, options_of(options, registry), registry=registry)
+    monkeypatch.undo()
+    assert f"pattern {entry.name} broke the rules in {phase}" in str(raised.value)
+
+
+def test_the_checks_are_off_for_users():
+    """Users do not pay for the checks: bnfold turns them on only when asked."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k != "BNFOLD_CHECK_RULES"}
+    out = subprocess.run([sys.executable, "-c", "from bnfold import driver; print(driver.CHECKING)"],
+                         env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
 
 
 # --- addresses are reused at once: nothing keyed by them survives an erase -------------------
@@ -173,7 +241,6 @@ def test_nothing_moves_to_an_op_created_where_an_erased_op_was():
     from bnfold.ledger import Ledger, Statistics
     from bnfold.overlay import input_nodes
     from bnfold.patterns.rewrite import bias_add
-    from bnfold.quant.equalize import output_axis  # noqa: F401 - quant loads lazily
 
     context = bir.make_context()
     module = bir.parse(CONV, context)

@@ -1,4 +1,4 @@
-"""Statistics recovery (bnfold.quant.statistics): the *values* of gamma, beta, mean,
+"""Statistics recovery (bnfold.statistics): the *values* of gamma, beta, mean,
 variance and epsilon recovered from each decomposed spelling, with and without a
 producer bias before the batch norm, in float64 so the comparison is exact.
 

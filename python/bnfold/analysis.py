@@ -2,6 +2,9 @@
 
     constants   `Evaluator`: float64 values of constant subgraphs (by value)
     steps       each op as an affine chain step (`bnfold.affine.as_step`)
+    handed on   what one pattern leaves for a later one (`hand_on`, `handed`): each
+                forward fold's producer (merge-bias), each equalized set's layers
+                (high-bias absorption), read as the rewriter has replaced them since
     liveness    which ops survive the cleanup: replaced ops (tombstones) and
                 side-effect-free ops whose every user is dead do not count; nor
                 does a shape query (`get_dimension_size`: it reads no values, only
@@ -19,6 +22,9 @@ facts live.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 from bnfold.affine import STEP_NAMES, Step, as_step
 from bnfold.constants import Const, Evaluator
@@ -39,6 +45,7 @@ class Analysis:
         self.evaluator = Evaluator(module)
         self._steps: dict[ir.Value, Step | None] = {}
         self._dead: dict[int, bool] = {}
+        self._handed: dict[str, list[tuple[Any, tuple[ir.Operation, ...]]]] = {}
         self.rewriter.listen(self)
 
     # -- constants and steps ------------------------------------------------------
@@ -58,6 +65,19 @@ class Analysis:
         if key not in self._steps:
             self._steps[key] = as_step(op, self.evaluator)
         return self._steps[key]
+
+    # -- what patterns hand on -------------------------------------------------------
+
+    def hand_on(self, topic: str, record: Any, ops: Sequence[ir.Operation]) -> None:
+        """Leaves `record` and its `ops` under `topic` for a later pattern of this run."""
+        self._handed.setdefault(topic, []).append((record, tuple(ops)))
+
+    def handed(self, topic: str) -> Iterator[tuple[Any, list[ir.Operation]]]:
+        """What earlier patterns left under `topic`, in order, each op as it is when its
+        record is reached (its successor where the rewriter replaced it)."""
+        current = self.rewriter.current
+        for record, ops in list(self._handed.get(topic, [])):
+            yield record, [current(op) for op in ops]
 
     # -- liveness -------------------------------------------------------------------
 
@@ -102,6 +122,7 @@ class Analysis:
         self._dead.clear()
 
     def on_finish(self) -> None:
+        self._handed.clear()  # it holds ops: nothing of them may outlive the run
         self._steps.clear()
         self._dead.clear()
         self.evaluator = Evaluator(self.module)  # a fresh, empty one

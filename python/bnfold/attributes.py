@@ -77,9 +77,10 @@ def is_lhs_dilated(conv: ir.Operation) -> bool:
     return any(d != 1 for d in lhs_dilation(conv))
 
 
-def reads_inserted_zeros(conv: ir.Operation) -> bool:
-    """Some taps of the convolution read zeros it inserts: positive padding or lhs_dilation."""
-    return bool(np.any(padding(conv) > 0)) or is_lhs_dilated(conv)
+def reads_inserted_zeros(conv: ir.Operation, pads: np.ndarray | None = None) -> bool:
+    """Some taps of the convolution read zeros it inserts: positive padding (`pads`, when
+    given, stands for its own: an explicit pad it absorbs) or lhs_dilation."""
+    return bool(np.any((padding(conv) if pads is None else pads) > 0)) or is_lhs_dilated(conv)
 
 
 def feature_groups(conv: ir.Operation) -> int:

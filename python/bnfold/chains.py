@@ -31,6 +31,7 @@ from bnfold.refusal import Code, Refusal
 if TYPE_CHECKING:
     from bnfold.analysis import Analysis
     from bnfold.driver import Context
+    from bnfold.rewriter import Handle
 
 
 @dataclass(frozen=True)
@@ -166,24 +167,39 @@ class Notes:
     forward: Refusal | None = None
 
 
+def candidates(ctx: Context) -> Candidates:
+    """The producers and affine chains, found in one walk when the FOLD stage starts
+    (once per run)."""
+    return ctx.shared(_find_candidates)
+
+
+def _find_candidates(ctx: Context) -> Candidates:
+    return find(ctx.functions(), ctx.analysis)
+
+
+def _notes(ctx: Context) -> dict[Handle, Notes]:
+    """What the folding patterns noted this run, by the normalization's handle."""
+    return {}
+
+
 def note(ctx: Context, steps: list[Step], *, backward: Refusal | None = None,
          forward: Refusal | None = None) -> None:
     """Remembers why a folding pattern did not fold the normalization these steps are."""
     norm = affine.norm_op(steps)
-    notes = ctx.notes.setdefault(ctx.rewriter.handle(norm), Notes(norm))
+    notes = ctx.shared(_notes).setdefault(ctx.rewriter.handle(norm), Notes(norm))
     notes.backward = notes.backward or backward
     notes.forward = notes.forward or forward
 
 
-def explain(ctx: Context, found: Candidates) -> None:
+def explain(ctx: Context) -> None:
     """One reason for every normalization-like chain (and batch norm) that did not fold."""
-    ledger, analysis = ctx.ledger, ctx.analysis
+    ledger, analysis, found = ctx.ledger, ctx.analysis, candidates(ctx)
     for chain in found.chains:
         rest = [s for s in chain.steps if not ledger.is_folded(s.op)]
         if not rest or analysis.is_dead(rest[-1].op):
             continue  # dead code: the cleanup removes it
         norm = affine.norm_op(rest)
-        notes = ctx.notes.get(ctx.rewriter.handle(norm))
+        notes = ctx.shared(_notes).get(ctx.rewriter.handle(norm))
         # A failed attempt on a scaling chain is worth explaining too.
         attempted = notes is not None and affine.normalizes(rest)
         if not (attempted or affine.looks_like_normalization(rest)):

@@ -426,8 +426,6 @@ _EVALUATORS: dict[str, Handler] = {
     "stablehlo.dynamic_broadcast_in_dim": _broadcast_in_dim,
 }
 
-# Side-effect free ops bnfold knows how to evaluate (func.call aside).
-EVALUATED_OPS = frozenset(name for name in _EVALUATORS if name != "func.call")
 
 
 # --- per-channel reduction ---------------------------------------------------

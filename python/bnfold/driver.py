@@ -10,40 +10,62 @@
 
 A refusal goes back to the pattern that made it (`Pattern.refuse`), which
 notes it for the report. Nothing here knows what a pattern does.
+
+In checking mode (`CHECKING`: on when the environment sets `BNFOLD_CHECK_RULES=1`, as
+the test suite does; off for users) the driver also enforces the rules it relies on,
+and raises `RuleViolation` naming the pattern and the phase that broke one:
+
+* `roots` (each step of its iteration), `match`, `plan` and `record` leave the IR
+  exactly as they found it: the same ops, attributes and operands (a structural
+  fingerprint; modules of up to `CHECK_UP_TO` ops);
+* `apply` only creates ops: every op that existed before is still there with its
+  attributes, and its operands are the ones it had unless a `Rewriter.replace_op`
+  redirected them; nothing is erased while patterns run;
+* every op the rewriter has a handle for is still in the module (the handle map
+  never points at a freed address).
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeVar
 
-from bnfold import chains, precision
+from bnfold import chains, patterns
 from bnfold.analysis import Analysis
-from bnfold.chains import Candidates, Notes
 from bnfold.graph import callee_name, functions, symbol_name, symbol_table
-from bnfold.ir import ir
+from bnfold.ir import ir, op_id
 from bnfold.ledger import Ledger
 from bnfold.options import FoldOptions
-from bnfold.patterns import REGISTRY, Entry
+from bnfold.patterns import Entry
 from bnfold.patterns.base import Pattern, Stage
 from bnfold.refusal import Refusal
-from bnfold.rewriter import Handle, Rewriter
+from bnfold.rewriter import Rewriter
+
+CHECKING = os.environ.get("BNFOLD_CHECK_RULES", "") not in ("", "0")
+# The largest module (in ops) checked: a fingerprint per phase of every root makes a
+# 270-op model fold 10x slower, a 1255-op one 20x (lit cases, generated modules and the
+# fuzzer's are far smaller; tests/test_rules.py checks its real models: None, any size).
+CHECK_UP_TO: int | None = 150
+
+S = TypeVar("S")
 
 
 @dataclass
 class Context:
     """What a pattern sees during one run: the module, the options, the analysis (read),
-    the ledger (write, through `record` and `refuse`) and the rewriter (through `apply`)."""
+    the ledger (write, through `record` and `refuse`) and the rewriter (through `apply`).
+    What patterns of one stage share for the run (candidates, notes, buffers) is
+    `shared(factory)`: made once per run, by the module that owns it."""
 
     module: ir.Module
     options: FoldOptions
     rewriter: Rewriter
     analysis: Analysis
     ledger: Ledger
-    notes: dict[Handle, Notes] = field(default_factory=dict)
-    # Backward folds round their kernels into one reused buffer (see precision.Arena).
-    arena: precision.Arena = field(default_factory=precision.Arena)
-    _candidates: Candidates | None = None
+    registry: tuple[Entry, ...] | None = None  # None: bnfold.patterns.REGISTRY
+    _shared: dict[Callable[[Any], Any], Any] = field(default_factory=dict)
     _symbols: dict[str, ir.Operation] | None = None
     _bodies: dict[str, frozenset[str]] = field(default_factory=dict)
 
@@ -73,33 +95,47 @@ class Context:
             self._bodies[name] = frozenset(found)
         return self._bodies[name]
 
+    def entries(self) -> tuple[Entry, ...]:
+        return patterns.REGISTRY if self.registry is None else self.registry
+
     def patterns(self, after: Stage = Stage.PREPARE) -> list[Pattern]:
         """The enabled patterns of stages after `after`, loaded (in registry order)."""
-        return [entry.load() for entry in REGISTRY
+        return [entry.load() for entry in self.entries()
                 if entry.stage > after and self.options.enabled(entry.name, entry.opt_in)]
 
-    def candidates(self) -> Candidates:
-        """The producers and affine chains, found in one walk when the FOLD stage starts."""
-        if self._candidates is None:
-            self._candidates = chains.find(self.functions(), self.analysis)
-        return self._candidates
+    def shared(self, factory: Callable[[Context], S]) -> S:
+        """`factory(self)`, made on the first call of this run and kept for the run."""
+        if factory not in self._shared:
+            self._shared[factory] = factory(self)
+        found: S = self._shared[factory]
+        return found
 
 
-def run(ctx: Context, registry: tuple[Entry, ...] = REGISTRY) -> None:
-    """Runs every enabled pattern of `registry` over `ctx.module`, in order."""
+def run(ctx: Context, registry: tuple[Entry, ...] | None = None) -> None:
+    """Runs every enabled pattern of `registry` (default: `ctx`'s, else the package's)
+    over `ctx.module`, in order."""
+    if registry is not None:
+        ctx.registry = registry
+    ctx.ledger.expect(ctx.entries())
     explained = False
-    for entry in registry:
+    for entry in ctx.entries():
         if not explained and entry.stage > Stage.FOLD:
-            chains.explain(ctx, ctx.candidates())
+            chains.explain(ctx)
             explained = True
         if ctx.options.enabled(entry.name, entry.opt_in):
-            run_pattern(ctx, entry.load())
+            ctx.ledger.ran(entry)
+            run_pattern(ctx, entry.load(), entry.name)
     if not explained:
-        chains.explain(ctx, ctx.candidates())
+        chains.explain(ctx)
 
 
-def run_pattern(ctx: Context, pattern: Pattern) -> None:
+def run_pattern(ctx: Context, pattern: Pattern, name: str = "") -> None:
     """match -> plan -> apply -> record for every root of one pattern, then `finish`."""
+    if CHECKING:
+        before = fingerprint(ctx.module)
+        if CHECK_UP_TO is None or len(before) <= CHECK_UP_TO:
+            _Checked(ctx, pattern, name or type(pattern).__name__).run(before)
+            return
     for root in pattern.roots(ctx):
         matched = _accepted(ctx, pattern, root, pattern.match(ctx, root))
         if matched is None:
@@ -121,3 +157,129 @@ def _accepted(ctx: Context, pattern: Pattern, subject: object, result: T | Refus
         pattern.refuse(ctx, subject, result)
         return None
     return result
+
+
+# --- checking mode ----------------------------------------------------------------------
+
+
+class RuleViolation(AssertionError):
+    """A pattern broke one of the driver's rules (a bnfold bug): the message names the
+    pattern, the phase and what changed."""
+
+
+# op address, op name, attributes (uniqued: equal exactly when their contents are), operands
+Fingerprint = list[tuple[int, str, tuple[tuple[str, ir.Attribute], ...], tuple[ir.Value, ...]]]
+
+# How many roots, matches, plans and applies each pattern went through while checking
+# (tests read it: every registered pattern must be exercised).
+EXERCISED: dict[str, dict[str, int]] = {}
+
+
+def fingerprint(module: ir.Module) -> Fingerprint:
+    """Every op of `module` in walk order, with its attributes and operands."""
+    found: Fingerprint = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        op = op.operation
+        attributes = op.attributes
+        found.append((op_id(op), op.name,
+                       tuple((n, attributes[n]) for n in attributes), tuple(op.operands)))
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+class _Checked:
+    """One pattern's loop, with the IR fingerprinted around every call."""
+
+    def __init__(self, ctx: Context, pattern: Pattern, name: str) -> None:
+        self.ctx, self.pattern, self.name = ctx, pattern, name
+        self.counts = EXERCISED.setdefault(name, {"roots": 0, "match": 0, "plan": 0, "apply": 0})
+
+    def run(self, before: Fingerprint) -> None:
+        ctx, pattern = self.ctx, self.pattern
+        roots: Iterator[Any] = iter(pattern.roots(ctx))
+        while True:
+            try:
+                root = next(roots)
+            except StopIteration:
+                self.unchanged(before, "roots")
+                break
+            self.unchanged(before, "roots")
+            self.counts["roots"] += 1
+            result = pattern.match(ctx, root)
+            self.unchanged(before, "match")
+            self.counts["match"] += 1
+            matched = _accepted(ctx, pattern, root, result)
+            if matched is None:
+                continue
+            result = pattern.plan(ctx, matched)
+            self.unchanged(before, "plan")
+            self.counts["plan"] += 1
+            planned = _accepted(ctx, pattern, matched, result)
+            if planned is None:
+                continue
+            redirected = ctx.rewriter.redirects = {}
+            try:
+                applied = pattern.apply(ctx.rewriter, planned)
+            finally:
+                ctx.rewriter.redirects = None
+            after = fingerprint(ctx.module)
+            self.only_created(before, after, redirected)
+            self.handles(after)
+            self.counts["apply"] += 1
+            pattern.record(ctx, planned, applied)
+            self.unchanged(after, "record")  # it writes the ledger, never the IR
+            before = after
+        pattern.finish(ctx)
+
+    def fail(self, phase: str, what: str) -> None:
+        raise RuleViolation(f"bnfold: pattern {self.name} broke the rules in {phase}: {what}")
+
+    def unchanged(self, before: Fingerprint, phase: str) -> None:
+        after = fingerprint(self.ctx.module)
+        if after == before:
+            return
+        if len(after) != len(before):
+            self.fail(phase, f"it added or removed ops ({len(before)} -> {len(after)})")
+        for old, new in zip(before, after, strict=True):
+            if old != new:
+                self.fail(phase, f"it changed {old[1]} (" + _difference(old, new) + ")")
+
+    def only_created(self, before: Fingerprint, after: Fingerprint,
+                     redirected: dict[ir.Value, ir.Value]) -> None:
+        now = {entry[0]: entry for entry in after}
+        for address, name, attributes, operands in before:
+            found = now.get(address)
+            if found is None or found[1] != name:
+                self.fail("apply", f"it erased {name} (erasure waits for Rewriter.finish)")
+                return
+            if found[2] != attributes:
+                self.fail("apply", f"it changed {name}'s attributes")
+            expected = tuple(_follow(v, redirected) for v in operands)
+            if found[3] != expected:
+                self.fail("apply", f"it set an operand of {name} by hand (only "
+                                   f"Rewriter.replace_op redirects uses)")
+
+    def handles(self, after: Fingerprint) -> None:
+        present = {entry[0] for entry in after}
+        stale = self.ctx.rewriter.handles.addresses() - present
+        if stale:
+            self.fail("apply", f"the rewriter holds handles of {len(stale)} op(s) no longer "
+                               f"in the module")
+
+
+def _follow(value: ir.Value, redirected: dict[ir.Value, ir.Value]) -> ir.Value:
+    seen = 0
+    while value in redirected and seen < 1000:
+        value, seen = redirected[value], seen + 1
+    return value
+
+
+def _difference(old: tuple, new: tuple) -> str:
+    if old[1] != new[1]:
+        return f"became {new[1]}"
+    if old[2] != new[2]:
+        return "attributes"
+    return "operands"

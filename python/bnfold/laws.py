@@ -228,10 +228,6 @@ def law_of(op: ir.Operation) -> Law | Refusal:
 # --- helpers ---------------------------------------------------------------------------
 
 
-def _result_type(op: ir.Operation) -> ir.RankedTensorType:
-    return ir.RankedTensorType(op.results[0].type)
-
-
 def _channels(value: ir.Value, axis: int) -> int:
     return ir.RankedTensorType(value.type).shape[axis]
 

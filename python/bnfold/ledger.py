@@ -22,15 +22,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from bnfold.graph import function_name
 from bnfold.ir import format_location, ir
 from bnfold.refusal import Refusal
-from bnfold.report import Equalized, Fold, Quantized, Report, Skip
+from bnfold.report import Fold, Part, Report, Skip
 from bnfold.rewriter import Handle, Rewriter
+
+if TYPE_CHECKING:
+    from bnfold.patterns import Entry
 
 NodeRef = tuple[str, str]  # (Model Explorer graph id, node id), see bnfold.overlay
 CARRIED = "bnfold.statistics"  # a producer's statistics, between two bnfold passes
@@ -94,24 +97,46 @@ class Ledger:
         self._folds: list[Fold] = []
         self._folded: set[Handle] = set()
         self._refusals: dict[Handle, Skip] = {}
-        self.expanded = 0
-        self.inlined: list[str] = []
-        self.equalize = False
-        self.equalized: list[Equalized] = []
-        # each equalized set's record and its layers as equalization left them (for
-        # high-bias absorption, which runs next)
-        self.equalized_sets: list[tuple[Equalized, tuple[ir.Operation, ...]]] = []
-        self._not_equalized: list[Skip] = []
+        self._parts: dict[str, Part] = {}  # each reporting pattern's own records
+        self._running = ""  # the pattern the driver runs now
         # producer -> the folds it absorbed, and the statistics of its output
         self._absorbed: dict[Handle, list[Fold]] = {}
-        # each forward fold and the producer it built (merge-bias looks after them)
-        self.forward_producers: list[tuple[Fold, ir.Operation]] = []
         self._statistics: dict[Handle, Statistics] = {}
         self._no_statistics: dict[Handle, str] = {}  # why a folded batch norm gave none
-        self.quantize = False
-        self.quantized: list[Quantized] = []
-        self._not_quantized: list[Skip] = []
         rewriter.listen(self)
+
+    # -- the patterns' own records ------------------------------------------------
+
+    def expect(self, entries: Iterable[Entry]) -> None:
+        """The sections of `entries` that every report has (`Entry.reports == "always"`)."""
+        for entry in entries:
+            if entry.reports == "always" and entry.name not in self._parts:
+                self._parts[entry.name] = Part(entry.name, entry.section())
+
+    def ran(self, entry: Entry) -> None:
+        """`entry`'s pattern runs now (until the next one): its section, if it reports, is
+        in the report, and `records`, `add` and `add_refusal` are its."""
+        self._running = entry.name
+        if entry.reports:
+            self.expect([entry])
+            self._parts.setdefault(entry.name, Part(entry.name, entry.section())).ran = True
+
+    def records(self) -> Part:
+        """The running pattern's records and refusals so far (its entry reports)."""
+        return self._parts[self._running]
+
+    def add(self, record: Any) -> Any:
+        """Records what the running pattern did (a record of the type its section renders)."""
+        self.records().records.append(record)
+        return record
+
+    def add_refusal(self, op: ir.Operation, refusal: Refusal,
+                    layers: Sequence[ir.Operation] = ()) -> None:
+        """The running pattern did not rewrite `op` (or the set of `layers` it heads, refused
+        as a whole), because `refusal`."""
+        skip = self._skip(op, refusal)
+        skip.layers = [self.location(layer) for layer in layers]
+        self.records().refused.append(skip)
 
     def location(self, op: ir.Operation) -> str:
         return format_location(op.location, self._source_name)
@@ -155,18 +180,6 @@ class Ledger:
             if node is not None and node not in skip.nodes:
                 skip.nodes.append(node)
         self._refusals[key] = skip
-
-    def refuse_equalization(self, op: ir.Operation, refusal: Refusal,
-                            layers: Sequence[ir.Operation] = ()) -> None:
-        """Layer 1 `op` was not equalized with the layer after it (or the set of `layers`
-        it heads, none of whose pairs was), because `refusal`."""
-        skip = self._skip(op, refusal)
-        skip.layers = [self.location(layer) for layer in layers]
-        self._not_equalized.append(skip)
-
-    def refuse_quantization(self, op: ir.Operation, refusal: Refusal) -> None:
-        """Producer `op`'s weight was not quantized, because `refusal`."""
-        self._not_quantized.append(self._skip(op, refusal))
 
     def _skip(self, op: ir.Operation, refusal: Refusal) -> Skip:
         key = self._rewriter.handle(op)
@@ -253,9 +266,7 @@ class Ledger:
         pass
 
     def on_finish(self) -> None:
-        # Keyed by handles, never by ops; the ops it kept for later patterns go.
-        self.forward_producers.clear()
-        self.equalized_sets.clear()
+        pass  # keyed by handles, never by ops
 
     # -- the end ----------------------------------------------------------------------------
 
@@ -265,7 +276,5 @@ class Ledger:
 
     def report(self) -> Report:
         return Report(folds=list(self._folds), skipped=list(self._refusals.values()),
-                      expanded=self.expanded, inlined=list(self.inlined),
-                      equalized=list(self.equalized), not_equalized=list(self._not_equalized),
-                      equalize=self.equalize, quantized=list(self.quantized),
-                      not_quantized=list(self._not_quantized), quantize=self.quantize)
+                      parts=[Part(p.name, p.section, list(p.records), list(p.refused), p.ran)
+                             for p in self._parts.values()])

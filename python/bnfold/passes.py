@@ -27,16 +27,17 @@ itself (see the inline-calls pattern).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from bnfold import pass_syntax
 from bnfold.errors import BnfoldError
+from bnfold.fold import fold_module
 from bnfold.ir import format_diagnostics, ir, passmanager, register_passes
 from bnfold.options import FoldOptions, Kind, Meta, OptionError, PassSpec
 from bnfold.patterns import PASSES, pattern_names
-from bnfold.pipeline import fold_module
 from bnfold.report import Report
+from bnfold.schema import meta, table
 
 UPSTREAM_EXAMPLES = ("canonicalize", "cse", "symbol-dce", "sccp", "inline",
                      "stablehlo-refine-shapes", "stablehlo-legalize-to-vhlo")
@@ -227,13 +228,11 @@ def _pass_options(spec: PassSpec, element: pass_syntax.Element, pipeline: str) -
 
 
 def _metas() -> list[Meta]:
-    return [f.metadata["bnfold"] for f in fields(FoldOptions)]
+    return [meta(f) for f in table(FoldOptions).values()]
 
 
 def _pass_option(name: str) -> str | None:
-    option: str | None = next(f.metadata["bnfold"].pass_option for f in fields(FoldOptions)
-                              if f.name == name)
-    return option
+    return meta(table(FoldOptions)[name]).pass_option
 
 
 def split_pipeline(pipeline: str) -> list[str]:

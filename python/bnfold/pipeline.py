@@ -17,26 +17,22 @@ jax.export hook and the tests).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from bnfold import driver
-from bnfold.analysis import Analysis
 from bnfold.binding import bind_arguments
 from bnfold.errors import BnfoldError
-from bnfold.graph import functions, printed_symbol, symbol_name
-from bnfold.ir import Format, format_diagnostics, ir, make_context, parse, parse_path, serialize
-from bnfold.ledger import Ledger
-from bnfold.options import FoldOptions, OptionError
+from bnfold.fold import PASS_NAME, _describe, _function_names, check_skipped_functions, fold_module
+from bnfold.ir import Format, ir, make_context, parse, parse_path, serialize
+from bnfold.options import FoldOptions
 from bnfold.patterns import pattern_names
 from bnfold.report import Report
-from bnfold.rewriter import Rewriter
 
-PASS_NAME = "bnfold"
 Bindings = Mapping[str | int, Any] | Callable[[ir.Module], Mapping[str | int, Any]]
 
-__all__ = ["FoldOptions", "Folded", "fold_module", "fold_source", "pattern_names"]
+__all__ = ["PASS_NAME", "FoldOptions", "Folded", "check_skipped_functions", "fold_module",
+           "fold_source", "pattern_names"]
 
 
 @dataclass
@@ -94,7 +90,7 @@ def fold_source(data: bytes | str | None = None, *, path: str | None = None,
             report = fold_module(module, options, source_name=name, graph_nodes=graph_nodes,
                                  check_skipped=check_skipped)
         else:  # bnfold's passes and MLIR's, as the pipeline says
-            from bnfold.passes import run_pipeline
+            from bnfold.passes import run_pipeline  # only pipelines need MLIR's passes
 
             report = run_pipeline(module, pass_pipeline, source_name=name, graph_nodes=graph_nodes,
                                   check_skipped=check_skipped)
@@ -131,77 +127,3 @@ def check_source(data: object, caller: str) -> None:
         raise BnfoldError(f"{caller} expects MLIR text, got {line!r}, which looks like a path: "
                           f"pass the file's contents (open(path).read()) or use "
                           f"bnfold.fold_source(path={line!r})")
-
-
-def _describe(value: object) -> str:
-    kind = type(value)
-    return f"{kind.__module__}.{kind.__qualname__}" if kind.__module__ != "builtins" else \
-        kind.__qualname__
-
-
-def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
-                source_name: str | None = None, cleanup: bool = True,
-                graph_nodes: bool = False, take_statistics: bool = False,
-                hand_on_statistics: bool = False, check_skipped: bool = True) -> Report:
-    """Folds normalizations in `module` in place and returns the report.
-
-    `cleanup=False` leaves the dead producers and chains in place (for
-    debugging and for tests of the rewrite rules). `graph_nodes` records, on
-    each fold and skip, the Model Explorer nodes of its ops in the input, and
-    marks the producers that absorbed folds in the output (`bnfold.overlay`).
-    `take_statistics` and `hand_on_statistics` carry the folded batch norms'
-    statistics from one bnfold pass of a pipeline to the next (in a discardable
-    attribute on each producer that the next pass reads and removes), so that
-    `bnfold-fold,bnfold-quantize-weights{bias-correction=true}` corrects what one
-    run corrects. Raises `BnfoldError` if the module does not verify afterwards
-    (a bnfold bug: please file the reproducer).
-    """
-    if isinstance(module, str | bytes | bytearray) or not hasattr(module, "operation"):
-        hint = (" (MLIR text: use bnfold.fold_text, or parse it first with "
-                "bnfold.ir.parse(text, bnfold.ir.make_context()))"
-                if isinstance(module, str | bytes | bytearray) else "")
-        raise TypeError(f"fold_module expects a parsed jaxlib.mlir.ir.Module, got "
-                        f"{_describe(module)}{hint}")
-    options = options or FoldOptions()
-    rewriter = Rewriter()
-    with module.context, ir.Location.unknown():
-        nodes = None
-        if graph_nodes:
-            from bnfold import overlay  # only --report-overlay needs it
-
-            nodes = overlay.input_nodes(module, rewriter)
-        if options.skip_functions and check_skipped:
-            check_skipped_functions(options.skip_functions, _function_names(module))
-        ledger = Ledger(rewriter, source_name, nodes)
-        if take_statistics:
-            ledger.take(module)
-        ctx = driver.Context(module, options, rewriter, Analysis(module, rewriter), ledger)
-        driver.run(ctx)
-        report = ledger.report()
-        if graph_nodes:
-            overlay.mark_output(module, rewriter, ledger)
-        if hand_on_statistics:
-            ledger.hand_on(module)
-        rewriter.finish(module, remove_dead=cleanup)
-        try:
-            module.operation.verify()
-        except ir.MLIRError as e:
-            raise BnfoldError(f"{PASS_NAME}: the folded module does not verify (this is a "
-                              f"bnfold bug):\n{format_diagnostics(e, source_name or '-')}",
-                              preformatted=True) from None
-    return report
-
-
-def _function_names(module: ir.Module) -> list[str]:
-    return [symbol_name(f) for f in functions(module)]
-
-
-def check_skipped_functions(skipped: Iterable[str], names: Iterable[str]) -> None:
-    """A function to skip that is not among `names` is an error (never a silent no-op: the
-    helper the user meant would be inlined and removed); it lists the functions there are."""
-    present = list(dict.fromkeys(names))
-    missing = sorted(set(skipped) - set(present))
-    if missing:
-        there = ", ".join(map(printed_symbol, present)) or "none"
-        raise OptionError(f"the module has no function {', '.join(map(printed_symbol, missing))}"
-                          f"; its functions: {there}", field="skip_functions")

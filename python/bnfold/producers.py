@@ -24,7 +24,7 @@ import numpy as np
 
 from bnfold import elements, precision
 from bnfold.attributes import conv_dims, dot_dims, feature_groups
-from bnfold.constants import Evaluator, NotConst
+from bnfold.constants import Evaluator, NotConst, argument_refusal, parameter_argument
 from bnfold.graph import defining_op
 from bnfold.ir import ir
 from bnfold.refusal import Code, Refusal
@@ -250,3 +250,26 @@ def input_scale_map(op: ir.Operation, operand: int, axis: int) -> InputScaleMap 
         return Refusal(Code.AXIS, f"normalized axis {axis} is not a contracting dimension of "
                                   f"the dot_general")
     return InputScaleMap(1 - operand, theirs[list(mine).index(axis)], None, 1)
+
+
+def output_axis(op: ir.Operation, evaluator: Evaluator
+                ) -> tuple[int, KernelAxis | Refusal] | None:
+    """The result axis of a producer's output channels and the constant kernel's axis behind
+    it (or why the kernel is not constant); None for a result that is not float."""
+    result = elements.ranked_type(op.results[0])
+    if result is None or not elements.is_float(result.element_type):
+        return None
+    for axis in candidate_output_axes(op):
+        kernel_axis = output_kernel_axis(op, axis)
+        if isinstance(kernel_axis, Refusal):
+            continue
+        if is_constant(op.operands[kernel_axis.operand], evaluator):
+            return axis, kernel_axis
+    axis = candidate_output_axes(op)[0]
+    kernel_axis = output_kernel_axis(op, axis)
+    if not isinstance(kernel_axis, Refusal):
+        argument = parameter_argument(op.operands[kernel_axis.operand], evaluator)
+        if argument is not None:
+            return axis, argument_refusal(argument, "the kernel", Code.KERNEL_ARGUMENT)
+    return axis, Refusal(Code.KERNEL_ARGUMENT, "kernel is not constant (bind parameters first: "
+                                               "--bind-params)")

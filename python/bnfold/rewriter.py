@@ -83,8 +83,9 @@ class Handles:
         """The op's handle if it has one."""
         return self._by_address.get(op_id(op))
 
-    def forget(self, op: ir.Operation) -> None:
-        self._by_address.pop(op_id(op), None)
+    def addresses(self) -> set[int]:
+        """The addresses of the ops that have handles (the driver's checking mode)."""
+        return set(self._by_address)
 
     def clear(self) -> None:
         """Forgets every address (handles given out stay unique: the count goes on)."""
@@ -100,6 +101,8 @@ class Rewriter:
         self._tombstones: dict[Handle, ir.Operation] = {}
         self._successors: dict[Handle, ir.Operation] = {}
         self.changed_functions: set[str] = set()
+        # While the driver checks a pattern's apply: each result replace_op redirected.
+        self.redirects: dict[ir.Value, ir.Value] | None = None
 
     # -- identity -------------------------------------------------------------
 
@@ -148,6 +151,8 @@ class Rewriter:
         for result, value in zip(op.results, values, strict=True):
             if result != value:
                 result.replace_all_uses_with(value)
+                if self.redirects is not None:
+                    self.redirects[result] = value
         handle = self.handle(op)
         self._tombstones[handle] = op
         if successor is not None:
@@ -173,14 +178,6 @@ class Rewriter:
                 self.replace_op(query, list(moved.results), successor=moved)
         for listener in self._listeners:
             listener.on_replace(handle, after)
-
-    def replace_uses(self, value: ir.Value, new: ir.Value, *, function: str = "") -> None:
-        """Every use of `value` reads `new` instead (a block argument bound to a constant)."""
-        value.replace_all_uses_with(new)
-        if function:
-            self.changed_functions.add(function)
-        for listener in self._listeners:
-            listener.on_change()
 
     def drop_function(self, func: ir.Operation) -> None:
         """Marks a private function that nothing calls any more for erasure at `finish`."""

@@ -58,8 +58,8 @@ def shift_through(op: ir.Operation, mapping: producers.InputScaleMap, kernel: pr
     if isinstance(values, Refusal):
         return values
     if op.name == "stablehlo.convolution":
-        padding = attributes.padding(op) if padding is None else padding
-        if np.any(padding > 0) or attributes.is_lhs_dilated(op):
+        if attributes.reads_inserted_zeros(op, padding):
+            padding = attributes.padding(op) if padding is None else padding
             return _border_shift(op, mapping, values, shift, padding, unpadded)
     found = shift_bias(op, mapping, values, shift)
     if isinstance(found, Refusal):

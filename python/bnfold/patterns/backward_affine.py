@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnfold import affine, elements, precision, producers
+from bnfold import affine, chains, elements, precision, producers, statistics
 from bnfold.affine import Affine, Composed, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import Chain, note
@@ -42,17 +42,15 @@ from bnfold.constants import argument_refusal, parameter_argument
 from bnfold.graph import carry_attributes, defining_op
 from bnfold.ir import ir
 from bnfold.ledger import Statistics
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, behind_calls, ops_within
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, fold_record, plan_kernel
-from bnfold.quant import statistics
 from bnfold.refusal import Code, Refusal
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "backward-affine"
 
 
 @dataclass(frozen=True)
@@ -118,6 +116,11 @@ def source(chain: Chain, analysis: Analysis) -> Source | None:
             return None
         leaves.append(leaf)
     return Source(value, tuple(leaves))
+
+
+def _arena(ctx: Context) -> precision.Arena:
+    """The buffer backward folds round their kernels into, one per run (precision.Arena)."""
+    return precision.Arena()
 
 
 def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
@@ -357,11 +360,9 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
 class BackwardAffine(Pattern[Chain, Match, Plan]):
     """Folds each affine chain into the producer(s) before it."""
 
-    NAME = NAME
-    STAGE = Stage.FOLD
 
     def roots(self, ctx: Context) -> Iterable[Chain]:
-        return ctx.candidates().chains
+        return chains.candidates(ctx).chains
 
     def match(self, ctx: Context, root: Chain) -> Match | None:
         found = source(root, ctx.analysis)
@@ -370,8 +371,9 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
         return Match(found, root)
 
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal:
-        ctx.arena.clear()  # the last plan's kernels are attributes by now
-        return plan_fold(match.source, match.chain, ctx.analysis, arena=ctx.arena)
+        arena = ctx.shared(_arena)
+        arena.clear()  # the last plan's kernels are attributes by now
+        return plan_fold(match.source, match.chain, ctx.analysis, arena=arena)
 
     def refuse(self, ctx: Context, subject: Chain | Match, refusal: Refusal) -> None:
         chain = subject.chain if isinstance(subject, Match) else subject

@@ -14,15 +14,16 @@ as a value, as ONNX Runtime's SatisfyCondition/Apply):
                         whether the pattern needs to see through this call of a private
                         helper (inline-calls asks every enabled pattern before it runs)
 
-`match` and `plan` read the IR and the analysis only; a test runs every pattern
-with the IR frozen around them (tests/test_rules.py).
+`match` and `plan` read the IR and the analysis only; the driver's checking mode
+(`bnfold.driver.CHECKING`, on in the test suite) fingerprints the IR around `roots`,
+`match`, `plan` and `record` and fails on any change (tests/test_rules.py).
 """
 
 from __future__ import annotations
 
 import enum
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from bnfold.ir import ir
 from bnfold.refusal import Refusal
@@ -46,10 +47,9 @@ class Stage(enum.IntEnum):
 
 
 class Pattern(Generic[Root, M, P]):
-    """Base of every pattern: pure match and plan, apply through the rewriter."""
-
-    NAME: ClassVar[str]
-    STAGE: ClassVar[Stage]
+    """Base of every pattern: pure match and plan, apply through the rewriter. Its name,
+    stage, options and report section are declared by its registry entry
+    (`bnfold.patterns.Entry`), the one place that says them."""
 
     def roots(self, ctx: Context) -> Iterable[Root]:
         raise NotImplementedError

@@ -19,20 +19,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bnfold import elements
 from bnfold.affine import Affine, Step, apply
 from bnfold.ir import ir, stablehlo
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
+from bnfold.report import Part, Section
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "expand-batch-norm"
 
 
 @dataclass(frozen=True)
@@ -46,8 +46,6 @@ class Plan:
 class ExpandBatchNorm(Pattern[ir.Operation, ir.Operation, Plan]):
     """Expands every static float batch_norm_inference that is still there."""
 
-    NAME = NAME
-    STAGE = Stage.LOWER
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
         found: list[ir.Operation] = []
@@ -80,7 +78,7 @@ class ExpandBatchNorm(Pattern[ir.Operation, ir.Operation, Plan]):
         rewriter.replace_op(op, [value])
 
     def record(self, ctx: Context, plan: Plan, applied: None) -> None:
-        ctx.ledger.expanded += 1
+        ctx.ledger.add(ctx.ledger.location(plan.op))
 
 
 def _folded(op: ir.Operation, fit: Affine) -> ir.Value:
@@ -113,4 +111,21 @@ def _spec_decomposition(op: ir.Operation) -> ir.Value:
     return stablehlo.AddOp(stablehlo.MulOp(normalized, bcast(gamma)).result, bcast(beta)).result
 
 
+class Expanded(Section):
+    """How many batch norms were expanded: `"expanded": n` in every report."""
+
+    order = 10
+    always = True
+
+    def attributes(self, part: Part) -> dict[str, Any]:
+        return {"expanded": len(part.records)}
+
+    def to_json(self, part: Part) -> dict[str, Any]:
+        return {"expanded": len(part.records)}
+
+    def summary(self, part: Part) -> str:
+        return f", expanded {len(part.records)} batch_norm_inference" if part.records else ""
+
+
+RECORDS = Expanded()
 PATTERN = ExpandBatchNorm()

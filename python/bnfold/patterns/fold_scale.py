@@ -56,7 +56,7 @@ from bnfold import elements, laws, precision, producers
 from bnfold.constants import argument_refusal, is_function_argument
 from bnfold.graph import as_operation, defining_op, function_name
 from bnfold.ir import ir
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.rewrite import KernelRewrite, plan_kernel
 from bnfold.refusal import Code, Refusal, refused
 from bnfold.report import Fold
@@ -66,7 +66,6 @@ if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Handle, Rewriter
 
-NAME = "fold-scale"
 ROOT_OPS = ("stablehlo.multiply", "stablehlo.divide")
 PRODUCERS = ("stablehlo.dot_general", "stablehlo.convolution", "stablehlo.gather")
 # Ops a weight may sit behind (peeled to the constant they read, while only they read it).
@@ -276,8 +275,6 @@ class _Walk:
 class FoldScale(Pattern[ir.Operation, Match, Plan]):
     """Moves each constant scalar scale into the weight behind it."""
 
-    NAME = NAME
-    STAGE = Stage.FOLD
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
         found: list[ir.Operation] = []

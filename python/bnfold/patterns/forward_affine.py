@@ -56,14 +56,14 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from bnfold import affine, attributes, elements, precision, producers
+from bnfold import affine, attributes, chains, elements, precision, producers
 from bnfold.affine import Affine, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import note
 from bnfold.constants import map_axis_through_reshape
 from bnfold.graph import carry_attributes, defining_op
 from bnfold.ir import ir, stablehlo
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, behind_calls
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, constant_add, fold_record, plan_kernel
 from bnfold.refusal import Code, Refusal
@@ -74,7 +74,8 @@ if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "forward-affine"
+# Each forward fold and the producer it built, for merge-bias (Analysis.hand_on).
+FORWARD_FOLDS = "forward-affine:folds"
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,7 @@ def _plan_one(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
         return _scale_only(m, fit, rewrite, cancels, axis_at_end, end_type, absorbed)
     padding = _padding(m)
     if pad_uniform_shift and padding is not None and \
-            (np.any(padding > 0) or attributes.is_lhs_dilated(op)):
+            attributes.reads_inserted_zeros(op, padding):
         padded = _uniform_shift_through_padding(m, fit, rewrite, end_type, analysis, padding)
         if padded is not None:
             return padded
@@ -527,11 +528,9 @@ def _build_one(rewriter: Rewriter, p: Plan) -> Applied:
 class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
     """Folds the affine chain before each producer into it."""
 
-    NAME = NAME
-    STAGE = Stage.FOLD
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
-        for producer in ctx.candidates().producers:
+        for producer in chains.candidates(ctx).producers:
             yield ctx.rewriter.current(producer)  # a backward fold may have replaced it
 
     def match(self, ctx: Context, root: ir.Operation) -> Match | None:
@@ -581,7 +580,7 @@ class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
             [s.op for s in m.steps], producer=applied.producer)
         for other in applied.others:  # the other branches of a multi-platform case
             ctx.ledger.fold_carried_by(fold, other)
-        ctx.ledger.forward_producers.append((fold, applied.producer))
+        ctx.analysis.hand_on(FORWARD_FOLDS, fold, [applied.producer])
         consumed = list(plan.merge.ops) if plan.merge is not None else []
         if m.pad is not None:
             consumed.append(m.pad)

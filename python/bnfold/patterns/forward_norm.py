@@ -43,12 +43,13 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnfold import elements, laws, precision, producers
+from bnfold import chains, elements, laws, precision, producers
 from bnfold.analysis import Analysis
 from bnfold.constants import map_axis_through_reshape, per_channel
 from bnfold.graph import callee_name, defining_op, function_name
 from bnfold.ir import format_location, ir, stablehlo
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
+from bnfold.patterns.forward_affine import FORWARD_FOLDS
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
 from bnfold.refusal import Code, Refusal
 from bnfold.report import Fold
@@ -58,7 +59,6 @@ if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "forward-norm"
 
 _LAYOUT = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
 _ELEMENTWISE = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
@@ -532,12 +532,10 @@ def norm_op(form: Form) -> ir.Operation:
 class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
     """Folds a normalization's affine into every linear layer that reads it."""
 
-    NAME = NAME
-    STAGE = Stage.FOLD
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
         seen: set[int] = set()
-        for producer in ctx.candidates().producers:
+        for producer in chains.candidates(ctx).producers:
             producer = ctx.rewriter.current(producer)
             if ctx.analysis.is_dead(producer) or \
                     any(f.direction == "forward" for f in ctx.ledger.folds_of(producer)):
@@ -598,7 +596,7 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
         for other in applied.producers[1:]:
             ledger.fold_carried_by(fold, other)
         for producer in applied.producers:
-            ledger.forward_producers.append((fold, producer))
+            ctx.analysis.hand_on(FORWARD_FOLDS, fold, [producer])
 
 
 def _forward_affines(m: Match, ctx: Context) -> bool:

@@ -35,19 +35,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from bnfold import graph
 from bnfold.graph import callee_name, is_private, single_block, symbol_name
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern, Stage
+from bnfold.report import Part, Section
 
 if TYPE_CHECKING:
     from bnfold.analysis import Analysis
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "inline-calls"
 MAX_ROUNDS = 8  # helpers calling helpers calling helpers ...
 
 
@@ -59,17 +59,34 @@ class Inline:
     callee: ir.Operation
 
 
+class Inlined(Section):
+    """The callees inlined, once per call site: `"inlined": [names]` in every report."""
+
+    order = 20
+    always = True
+
+    def attributes(self, part: Part) -> dict[str, Any]:
+        return {"inlined": part.records}
+
+    def to_json(self, part: Part) -> dict[str, Any]:
+        return {"inlined": list(part.records)}
+
+    def summary(self, part: Part) -> str:
+        return f", inlined {len(part.records)} call(s)" if part.records else ""
+
+
+RECORDS = Inlined()
+
+
 class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
     """Inlines the private calls later patterns need to see through."""
 
-    NAME = NAME
-    STAGE = Stage.PREPARE
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
         for _ in range(MAX_ROUNDS):  # each round reaches one more level of nesting
-            before = len(ctx.ledger.inlined)
+            before = len(ctx.ledger.records().records)
             yield from [c for c in graph.calls(ctx.functions()) if not ctx.rewriter.is_replaced(c)]
-            if len(ctx.ledger.inlined) == before:
+            if len(ctx.ledger.records().records) == before:
                 return
 
     def match(self, ctx: Context, root: ir.Operation) -> Inline | None:
@@ -89,10 +106,10 @@ class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
         return symbol_name(plan.callee)
 
     def record(self, ctx: Context, plan: Inline, applied: str) -> None:
-        ctx.ledger.inlined.append(applied)
+        ctx.ledger.add(applied)
 
     def finish(self, ctx: Context) -> None:
-        drop_uncalled(ctx, set(ctx.ledger.inlined))
+        drop_uncalled(ctx, set(ctx.ledger.records().records))
 
 
 @dataclass(frozen=True)

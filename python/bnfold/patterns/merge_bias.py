@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING
 from bnfold import affine, chains
 from bnfold.ir import ir
 from bnfold.patterns.backward_affine import Applied, Plan, Source, build, plan_fold
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
+from bnfold.patterns.forward_affine import FORWARD_FOLDS
 from bnfold.refusal import Refusal
 from bnfold.report import Fold
 
@@ -36,7 +37,6 @@ if TYPE_CHECKING:
     from bnfold.driver import Context
     from bnfold.rewriter import Rewriter
 
-NAME = "merge-bias"
 
 
 @dataclass(frozen=True)
@@ -59,11 +59,9 @@ class Merge:
 class MergeBias(Pattern[tuple[Fold, ir.Operation], Match, Merge]):
     """Merges each forward fold's new bias with the affine steps after it."""
 
-    NAME = NAME
-    STAGE = Stage.FOLD
 
     def roots(self, ctx: Context) -> Iterable[tuple[Fold, ir.Operation]]:
-        return [(fold, ctx.rewriter.current(op)) for fold, op in ctx.ledger.forward_producers]
+        return [(fold, op) for fold, [op] in ctx.analysis.handed(FORWARD_FOLDS)]
 
     def match(self, ctx: Context, root: tuple[Fold, ir.Operation]) -> Match | None:
         fold, producer = root

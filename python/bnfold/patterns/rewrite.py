@@ -16,9 +16,9 @@ from bnfold import elements, precision, producers
 from bnfold.graph import carry_attributes, function_name
 from bnfold.ir import ir, stablehlo
 from bnfold.producers import Kernel
-from bnfold.quant.statistics import has_variance
 from bnfold.refusal import Code, Refusal
 from bnfold.report import Fold
+from bnfold.statistics import has_variance
 
 if TYPE_CHECKING:
     from bnfold.affine import Affine, Step

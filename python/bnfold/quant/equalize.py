@@ -36,32 +36,32 @@ within its type once divided by s, or the set is refused (`Code.RANGE`).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bnfold import elements, precision, producers
 from bnfold.analysis import Analysis
 from bnfold.attributes import batch_groups
-from bnfold.constants import argument_refusal, parameter_argument
 from bnfold.graph import function_name
 from bnfold.ir import ir, op_id
 from bnfold.laws import Edit, Interval
 from bnfold.ledger import Statistics
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.rewrite import KernelRewrite, broadcast_constant, plan_kernel
 from bnfold.producers import InputScaleMap, Kernel
 from bnfold.quant import region
 from bnfold.quant.region import Region
 from bnfold.refusal import Code, Refusal
-from bnfold.report import Equalized
+from bnfold.report import Part, Section, Skip, columns, count, missed
 from bnfold.rewriter import Rewriter
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
 
-NAME = "equalize"
+# Each equalized set and its layers, for high-bias absorption (Analysis.hand_on).
+EQUALIZED_SETS = "equalize:sets"
 MAX_ITERATIONS = 200
 CONVERGED = 1e-9  # max |log s| of a sweep over a set that counts as converged
 ALREADY_EQUAL = 1e-3  # a set whose scales are all within 0.1% of 1 is left alone
@@ -119,12 +119,12 @@ class SetPlan:
 # --- match: pairs and the sets they link into -----------------------------------------------
 
 
-def find_pairs(ctx: Context) -> tuple[list[Pair], list[Refused]]:
-    """Every pair of consecutive layers in the functions `ctx` may change, and refusals."""
+def find_pairs(ctx: Context, ops: list[ir.Operation]) -> tuple[list[Pair], list[Refused]]:
+    """Every pair of consecutive layers with layer 1 among `ops`, and refusals."""
     layers: dict[int, Layer | Refusal] = {}  # each kernel read once per run
     pairs: list[Pair] = []
     refused: list[Refused] = []
-    for op in _producers(ctx):
+    for op in ops:
         found = pair(op, ctx, layers)
         if isinstance(found, Pair):
             pairs.append(found)
@@ -151,7 +151,7 @@ def pair(op: ir.Operation, ctx: Context, layers: dict[int, Layer | Refusal]
          ) -> Pair | Refusal | None:
     """`op` as layer 1 with the next producer, or why not (None: no next producer)."""
     analysis = ctx.analysis
-    out = output_axis(op, analysis)
+    out = producers.output_axis(op, analysis.evaluator)
     if out is None:
         return None
     result_axis, kernel_axis = out
@@ -183,28 +183,6 @@ def source_interval(statistics: Statistics | None, channels: int) -> Interval:
         return region.unknown(channels)
     mean, spread = found
     return Interval(mean - precision.RANGE_SIGMAS * spread, mean + precision.RANGE_SIGMAS * spread)
-
-
-def output_axis(op: ir.Operation, analysis: Analysis
-                ) -> tuple[int, producers.KernelAxis | Refusal] | None:
-    """The result axis of output channels and the kernel axis behind it."""
-    result = elements.ranked_type(op.results[0])
-    if result is None or not elements.is_float(result.element_type):
-        return None
-    for axis in producers.candidate_output_axes(op):
-        kernel_axis = producers.output_kernel_axis(op, axis)
-        if isinstance(kernel_axis, Refusal):
-            continue
-        if producers.is_constant(op.operands[kernel_axis.operand], analysis.evaluator):
-            return axis, kernel_axis
-    axis = producers.candidate_output_axes(op)[0]
-    kernel_axis = producers.output_kernel_axis(op, axis)
-    if not isinstance(kernel_axis, Refusal):
-        argument = parameter_argument(op.operands[kernel_axis.operand], analysis.evaluator)
-        if argument is not None:
-            return axis, argument_refusal(argument, "the kernel", Code.KERNEL_ARGUMENT)
-    return axis, Refusal(Code.KERNEL_ARGUMENT, "kernel is not constant (bind parameters first: "
-                                               "--bind-params)")
 
 
 def _input_map(op: ir.Operation, found: Region) -> InputScaleMap | Refusal:
@@ -470,31 +448,61 @@ def kind(links: int) -> str:
     return {2: "pair", 3: "triplet"}.get(links + 1, f"chain of {links + 1}")
 
 
-Root = list[Pair] | Refused
+class Survey:
+    """Every pair of consecutive layers among `ops` and the sets they link, found once, on
+    the first match of a run (from the IR as it was before anything was equalized)."""
+
+    def __init__(self, ctx: Context, ops: list[ir.Operation]) -> None:
+        self._ctx, self._ops = ctx, ops
+        self._found: tuple[dict[int, list[Pair]], dict[int, Refusal]] | None = None
+
+    def _survey(self) -> tuple[dict[int, list[Pair]], dict[int, Refusal]]:
+        if self._found is None:
+            pairs, refused = find_pairs(self._ctx, self._ops)
+            self._found = ({op_id(s[0].first.op): s for s in link_sets(pairs)},
+                           {op_id(r.op): r.refusal for r in refused})
+        return self._found
+
+    def set_headed_by(self, op: ir.Operation) -> list[Pair] | None:
+        return self._survey()[0].get(op_id(op))
+
+    def refusal_of(self, op: ir.Operation) -> Refusal | None:
+        return self._survey()[1].get(op_id(op))
+
+
+@dataclass(frozen=True)
+class Root:
+    """A producer as layer 1, in one of two passes over the producers: the set it heads
+    (`heads`), then why it pairs with no next layer (the sets' records come first)."""
+
+    op: ir.Operation
+    heads: bool
+    survey: Survey
 
 
 class Equalize(Pattern[Root, list[Pair], SetPlan]):
     """Equalizes every set of linked layer pairs."""
 
-    NAME = NAME
-    STAGE = Stage.QUANTIZE
 
     def roots(self, ctx: Context) -> Iterable[Root]:
-        pairs, refused = find_pairs(ctx)
-        return [*link_sets(pairs), *refused]
+        ops = _producers(ctx)
+        survey = Survey(ctx, ops)
+        return [Root(op, heads, survey) for heads in (True, False) for op in ops]
 
-    def match(self, ctx: Context, root: Root) -> list[Pair] | Refusal:
-        return root.refusal if isinstance(root, Refused) else root
+    def match(self, ctx: Context, root: Root) -> list[Pair] | Refusal | None:
+        if root.heads:
+            return root.survey.set_headed_by(root.op)
+        return root.survey.refusal_of(root.op)
 
     def plan(self, ctx: Context, match: list[Pair]) -> SetPlan | Refusal:
         return plan(match)
 
-    def refuse(self, ctx: Context, subject: Root, refusal: Refusal) -> None:
-        if isinstance(subject, Refused):
-            ctx.ledger.refuse_equalization(subject.op, refusal)
+    def refuse(self, ctx: Context, subject: Root | list[Pair], refusal: Refusal) -> None:
+        if isinstance(subject, Root):
+            ctx.ledger.add_refusal(subject.op, refusal)
         else:
             layers = [subject[0].first.op, *(p.second.op for p in subject)]
-            ctx.ledger.refuse_equalization(layers[0], refusal, layers)
+            ctx.ledger.add_refusal(layers[0], refusal, layers)
 
     def apply(self, rewriter: Rewriter, plan: SetPlan) -> Applied:
         return build(rewriter, plan)
@@ -507,7 +515,7 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
             if stats is not None and index < len(plan.links):  # its output is divided by s
                 ledger.set_statistics(layer, stats.scaled(1.0 / plan.links[index].scale))
         record = Equalized(
-            id=f"eq{len(ledger.equalized)}",
+            id=f"eq{len(ledger.records().records)}",
             layers=[ledger.location(layer.op) for layer in plan.layers],
             layer_ops=[layer.op.name for layer in plan.layers],
             between=[link.pair.region.describe() for link in plan.links],
@@ -516,11 +524,8 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
             range_ratio_before=[range_ratio(r) for r in plan.before],
             range_ratio_after=[range_ratio(r) for r in plan.after],
             params={f"scale{i}": link.scale.copy() for i, link in enumerate(plan.links)})
-        ledger.equalized.append(record)
-        ledger.equalized_sets.append((record, applied.layers))
-
-    def finish(self, ctx: Context) -> None:
-        ctx.ledger.equalize = True
+        ledger.add(record)
+        ctx.analysis.hand_on(EQUALIZED_SETS, record, applied.layers)
 
     def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
         """A helper between two layers (`call @relu6`): fed by a producer through ops with
@@ -530,4 +535,81 @@ class Equalize(Pattern[Root, list[Pair], SetPlan]):
             any(region.leads_to_producer(r, analysis) for r in call.results)
 
 
+# --- the report --------------------------------------------------------------------------
+
+
+@dataclass
+class Equalized:
+    """One set of layers equalized together (a pair, a triplet, a longer chain)."""
+
+    id: str
+    layers: list[str]  # producer locations, in data-flow order
+    layer_ops: list[str]
+    between: list[str]  # per link: the ops between the two layers ("add, clamp")
+    function: str
+    kind: str  # "pair", "triplet" or "chain of N"
+    iterations: int
+    triplets: int  # conv -> depthwise conv -> conv runs in the set (DFQ's triplets)
+    # per layer: max/min over output channels of the channel's max |weight|
+    range_ratio_before: list[float]
+    range_ratio_after: list[float]
+    # "scale0", "scale1", ...: per link, layer 1's output channel c divided by scale[c]
+    params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    high_bias: list[dict[str, Any]] = field(default_factory=list)  # per link, --absorb-high-bias
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "kind": self.kind, "layers": self.layers, "layer_ops": self.layer_ops,
+            "between": self.between, "function": self.function, "iterations": self.iterations,
+            "triplets": self.triplets,
+            "range_ratio_before": self.range_ratio_before,
+            "range_ratio_after": self.range_ratio_after,
+            "scale_range": [[float(v.min()), float(v.max())] for v in self.params.values()],
+        } | ({"high_bias": self.high_bias} if self.high_bias else {})
+
+
+def _pairs(skip: Skip) -> int:
+    """How many layer pairs a refusal leaves unequalized (a refused set: all of its pairs)."""
+    return max(1, len(skip.layers) - 1)
+
+
+class EqualizedSets(Section):
+    """`equalized` (each set of layers equalized together) and `not_equalized` (each pair
+    or set that was not, with the reason: op = layer 1, layers = the refused set's
+    layers), when --equalize ran."""
+
+    order = 30
+    statistics = True
+    prefix = "eq"
+
+    def attributes(self, part: Part) -> dict[str, Any]:
+        return {"equalized": part.records, "not_equalized": part.refused, "equalize": part.ran}
+
+    def to_json(self, part: Part) -> dict[str, Any]:
+        return {"equalized": [e.to_json() for e in part.records],
+                "not_equalized": [s.to_json() for s in part.refused]}
+
+    def table(self, part: Part) -> list[str]:
+        equalized: list[Equalized] = part.records
+        lines: list[str] = []
+        if equalized:
+            rows = [("set", "kind", "layers", "range ratio before -> after")]
+            rows += [(e.id, e.kind, " -> ".join(e.layers),
+                      ", ".join(f"{b:.3g}->{a:.3g}" for b, a in
+                                zip(e.range_ratio_before, e.range_ratio_after, strict=True)))
+                     for e in equalized]
+            lines += columns(rows)
+        else:
+            lines.append("nothing equalized")
+        return lines + missed("not equalized", "layers", part.refused)
+
+    def summary(self, part: Part) -> str:
+        equalized: list[Equalized] = part.records
+        text = f", equalized {len(equalized)} set(s)"
+        if equalized:
+            text += f" ({count(e.kind for e in equalized)})"
+        return text + f", {sum(map(_pairs, part.refused))} pair(s) not equalized"
+
+
+RECORDS = EqualizedSets()
 PATTERN = Equalize()

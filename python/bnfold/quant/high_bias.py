@@ -3,7 +3,7 @@
 High-bias absorption (Nagel et al., "Data-Free Quantization", ICCV 2019),
 run on the equalized sets. Layer 1's pre-activation `y` per channel is, by
 its folded batch norm, distributed around `beta` with spread `|gamma|`
-(`bnfold.quant.statistics.pre_activation`, divided by the equalization
+(`bnfold.statistics.pre_activation`, divided by the equalization
 scale). With `c = max(0, beta - 3|gamma|)` (at most ReLU6's bound),
 
     act(y) == act(y - c) + c        for every y >= c
@@ -51,19 +51,18 @@ import numpy as np
 from bnfold import attributes, elements, laws, precision, producers
 from bnfold.ir import ir, op_id
 from bnfold.laws import Edit
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.rewrite import bias_add, constant_add
 from bnfold.quant import region
-from bnfold.quant.equalize import output_axis, replace_constants
+from bnfold.quant.equalize import EQUALIZED_SETS, replace_constants
 from bnfold.refusal import Code, Refusal
 from bnfold.rewriter import Rewriter
 from bnfold.through import Through, bias_adds, shift_through
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
-    from bnfold.report import Equalized
+    from bnfold.quant.equalize import Equalized
 
-NAME = "absorb-high-bias"
 SIGMAS = 3.0
 # E[(c - y)+] / sigma for y ~ N(mu, sigma^2) and c = mu - 3 sigma: the mean
 # amount by which relu(y - c) + c misses relu(y), per unit of spread.
@@ -116,7 +115,7 @@ def roles(link: Link, ctx: Context) -> Roles | Refusal:
     """The region of `link` as ordered roles, or why it is not layout, bias, layout, one
     activation with lower bound 0, then ops a shift passes."""
     analysis = ctx.analysis
-    out = output_axis(link.first, analysis)
+    out = producers.output_axis(link.first, analysis.evaluator)
     if out is None:
         return Refusal(Code.NOT_FLOAT, "layer 1 is not a float producer")
     axis = out[0]
@@ -400,11 +399,9 @@ class AbsorbHighBias(Pattern[Link, Roles, Plan]):
     constant the next link needs (a conv -> depthwise 3x3 -> conv triplet absorbs on
     both links, not only the first)."""
 
-    NAME = NAME
-    STAGE = Stage.QUANTIZE
 
     def roots(self, ctx: Context) -> Iterable[Link]:
-        for record, layers in ctx.ledger.equalized_sets:
+        for record, layers in ctx.analysis.handed(EQUALIZED_SETS):
             for index in reversed(range(len(layers) - 1)):
                 first, second = (ctx.rewriter.current(op) for op in layers[index:index + 2])
                 yield Link(record, index, first, second)

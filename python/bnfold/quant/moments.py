@@ -29,7 +29,6 @@ from bnfold.constants import Const
 from bnfold.graph import defining_op
 from bnfold.ir import format_location, ir
 from bnfold.laws import Moments, Normal
-from bnfold.quant.equalize import output_axis
 from bnfold.refusal import Code, Refusal
 
 if TYPE_CHECKING:
@@ -103,7 +102,7 @@ class Walk:
         if at is None:
             return Refusal(Code.NO_STATISTICS, f"{_where(op)}: its mean varies over positions "
                                                "(high-bias absorption corrected its borders)")
-        axis = output_axis(op, self.ctx.analysis)
+        axis = producers.output_axis(op, self.ctx.analysis.evaluator)
         if axis is None or ir.RankedTensorType(op.results[0].type).shape[axis[0]] != at[0].size:
             return Refusal(Code.AXIS, f"{_where(op)}: its statistics do not match its channels")
         return Moments.of(axis[0], Normal.of(*at))

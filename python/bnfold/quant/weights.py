@@ -36,28 +36,27 @@ the layer is quantized uncorrected and the report says why.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from bnfold import attributes, elements, precision, producers
 from bnfold.graph import carry_attributes, defining_op, function_name
 from bnfold.ir import ir, stablehlo
-from bnfold.patterns.base import Pattern, Stage
+from bnfold.patterns.base import Pattern
 from bnfold.patterns.rewrite import bias_add
 from bnfold.quant import region
-from bnfold.quant.equalize import output_axis
 from bnfold.quant.moments import Walk
 from bnfold.refusal import Code, Refusal
-from bnfold.report import Quantized
+from bnfold.report import Part, Section, Skip, columns, count, missed, parameter_path
 from bnfold.rewriter import Rewriter
 from bnfold.through import BiasAdds, bias_adds, mean_through
 
 if TYPE_CHECKING:
     from bnfold.driver import Context
+    from bnfold.options import FoldOptions
 
-NAME = "quantize-weights"
 
 
 @dataclass(frozen=True)
@@ -213,7 +212,7 @@ def layer(root: Root, ctx: Context) -> Layer | Refusal | None:
     """The root's constant float kernel, or why it has none to quantize (None: not float)."""
     op = root.op
     analysis = ctx.analysis
-    found = output_axis(op, analysis)
+    found = producers.output_axis(op, analysis.evaluator)
     if found is None:
         return None
     _, kernel_axis = found
@@ -232,7 +231,7 @@ def layer(root: Root, ctx: Context) -> Layer | Refusal | None:
 
 def plan(ctx: Context, found: Layer) -> Plan | Refusal:
     options = ctx.options
-    bits = options.bits
+    bits = bits_of(options)
     assert bits is not None
     kernel = found.kernel
     values = np.asarray(kernel.values, dtype=np.float64)  # compact: a splat stays one value
@@ -391,10 +390,11 @@ def _record(ctx: Context, p: Plan, copy: ir.Operation) -> Quantized:
         correction = {"applied": False, "code": p.correction.code.value,
                       "reason": p.correction.message}
     options = ctx.options
-    assert options.bits is not None
+    bits = bits_of(options)
+    assert bits is not None
     return Quantized(
-        id=f"q{len(ledger.quantized)}", producer=ledger.location(p.layer.op),
-        producer_op=p.layer.op.name, function=function_name(copy), bits=options.bits,
+        id=f"q{len(ledger.records().records)}", producer=ledger.location(p.layer.op),
+        producer_op=p.layer.op.name, function=function_name(copy), bits=bits,
         granularity=options.quantize_granularity or "per-tensor", storage=p.weights.storage,
         axis=p.layer.out_axis, weight_sqnr_db=p.sqnr, bias_correction=correction,
         params=params, weight_location=_weight_location(p.layer.kernel),
@@ -421,13 +421,16 @@ def _weight_location(kernel: producers.Kernel) -> str:
     return ""
 
 
+def bits_of(options: FoldOptions) -> int | None:
+    """The weight bits of `quantize_weights` ("int8" -> 8), or None."""
+    return int(options.quantize_weights[3:]) if options.quantize_weights else None
+
+
 class QuantizeWeights(Pattern[Root, Layer, Plan]):
     """Quantizes every producer's constant weight, in program order. A corrected layer's
     pre-activation keeps its mean (that is the correction), so the moments the walk
     already knows downstream of it still hold."""
 
-    NAME = NAME
-    STAGE = Stage.QUANTIZE
 
     def roots(self, ctx: Context) -> Iterable[Root]:
         walk = Walk(ctx)
@@ -450,16 +453,13 @@ class QuantizeWeights(Pattern[Root, Layer, Plan]):
         return plan(ctx, match)
 
     def refuse(self, ctx: Context, subject: Root | Layer, refusal: Refusal) -> None:
-        ctx.ledger.refuse_quantization(subject.op, refusal)
+        ctx.ledger.add_refusal(subject.op, refusal)
 
     def apply(self, rewriter: Rewriter, plan: Plan) -> ir.Operation:
         return build(rewriter, plan)
 
     def record(self, ctx: Context, plan: Plan, applied: ir.Operation) -> None:
-        ctx.ledger.quantized.append(_record(ctx, plan, applied))
-
-    def finish(self, ctx: Context) -> None:
-        ctx.ledger.quantize = True
+        ctx.ledger.add(_record(ctx, plan, applied))
 
     def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
         """With bias correction: a helper on the way from the batch norms to a layer
@@ -469,4 +469,160 @@ class QuantizeWeights(Pattern[Root, Layer, Plan]):
         return any(region.leads_to_producer(r, ctx.analysis) for r in call.results)
 
 
+# --- the report --------------------------------------------------------------------------
+
+
+@dataclass
+class Quantized:
+    """One weight stored as integers (--quantize-weights), and its bias correction."""
+
+    id: str
+    producer: str
+    producer_op: str
+    function: str
+    bits: int
+    granularity: str  # "per-tensor" or "per-channel"
+    storage: str  # the integer type of the stored constant: "i4", "i8" or "i16"
+    axis: int  # the kernel axis of output channels (the per-channel scales' axis)
+    weight_sqnr_db: float  # 10 log10(sum W^2 / sum (W_q - W)^2) against the float weight
+    # {"applied": true, "channels": n, "max_shift": x, "mean_shift": y, "basis": "linear"
+    # (E[x] is the batch norms' means through linear steps) or "normal" (an activation's
+    # mean under the normal model of a batch norm's pre-activation)} or
+    # {"applied": false, "code": ..., "reason": ...}; None without --bias-correction
+    bias_correction: dict[str, Any] | None = None
+    # "scale": one value per tensor or per output channel; "bias_shift": the expected
+    # output shift taken out of the bias (per output channel)
+    params: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    # the raw location of the constant the weight came from, and the name of the bound
+    # parameter it is (`params/Conv_0/kernel`), when it came from one (--bind-params,
+    # fold_exported's pytree; set by `Report.name_parameters`)
+    weight_location: str = field(default="", repr=False)
+    parameter: str | None = None
+    # the module's weight is weight_type(scale_type(q) * scale), the product rounded once in
+    # scale_type, then converted to weight_type where they differ
+    scale_type: str = "f32"
+    weight_type: str = "f32"
+    # channels (per tensor: [0]) whose scale max|W| / qmax was below scale_type's smallest
+    # normal number and is that number instead (fewer levels; no weight more than half off)
+    raised_scales: list[int] = field(default_factory=list)
+
+    @property
+    def note(self) -> str:
+        if not self.raised_scales:
+            return ""
+        which = "the tensor's scale" if self.granularity == "per-tensor" else \
+            f"channel(s) {', '.join(map(str, self.raised_scales))}"
+        return (f"{which}: max|W| / {2 ** (self.bits - 1) - 1} is below {self.scale_type}'s "
+                "smallest normal number (flushed to zero by CPUs); the scale is that number "
+                "instead, a coarser step with every weight within half of it")
+
+    def to_json(self) -> dict[str, Any]:
+        scale = self.params["scale"]
+        return {
+            "id": self.id, "producer": self.producer, "producer_op": self.producer_op,
+            "function": self.function, "bits": self.bits, "granularity": self.granularity,
+            "storage": self.storage, "axis": self.axis,
+            "scale": float(scale) if scale.ndim == 0 else [float(v) for v in scale],
+            "scale_type": self.scale_type, "weight_type": self.weight_type,
+            "weight_sqnr_db": self.weight_sqnr_db,
+        } | ({"parameter": self.parameter} if self.parameter else {}) | (
+            {"raised_scales": self.raised_scales, "note": self.note} if self.raised_scales
+            else {}) | ({"bias_correction": self.bias_correction}
+                        if self.bias_correction is not None else {})
+
+    def encoding(self) -> list[dict[str, Any]]:
+        """AIMET's encoding entries, one per tensor or per output channel, in its strict
+        symmetric form: offset -qmax, min = -qmax * scale, max = qmax * scale with qmax =
+        2^(bits-1) - 1, exactly the range of the module's integers (AIMET's default signed
+        grid reaches -2^(bits-1), a value bnfold never stores, and past the type's largest
+        value for a weight at its maximum)."""
+        qmax = 2 ** (self.bits - 1) - 1
+        return [{"bitwidth": self.bits, "dtype": "int", "is_symmetric": "True",
+                 "scale": float(v), "offset": -qmax, "min": -qmax * float(v),
+                 "max": qmax * float(v)} for v in np.atleast_1d(self.params["scale"])]
+
+
+def _correction_text(correction: dict[str, Any] | None) -> str:
+    if correction is None:
+        return "-"
+    if correction["applied"]:
+        return (f"{correction['channels']} channels, max |shift| {correction['max_shift']:.3g}"
+                f" ({correction.get('basis', 'linear')})")
+    return f"not applied ({correction['code']}): {correction['reason']}"
+
+
+class QuantizedWeights(Section):
+    """`quantized` (each weight stored as integers: bits, scales, weight SQNR, bias
+    correction) and `not_quantized` (each producer whose weight was not, and why), when
+    --quantize-weights ran."""
+
+    order = 40
+    statistics = True
+    prefix = "q"
+
+    def attributes(self, part: Part) -> dict[str, Any]:
+        return {"quantized": part.records, "not_quantized": part.refused, "quantize": part.ran}
+
+    def to_json(self, part: Part) -> dict[str, Any]:
+        return {"quantized": [q.to_json() for q in part.records],
+                "not_quantized": [s.to_json() for s in part.refused]}
+
+    def table(self, part: Part) -> list[str]:
+        quantized: list[Quantized] = part.records
+        lines: list[str] = []
+        if quantized:
+            rows = [("weight", "producer", "bits", "granularity", "weight SQNR dB",
+                     "bias correction")]
+            rows += [(q.id, q.producer, str(q.bits), q.granularity, f"{q.weight_sqnr_db:.1f}",
+                      _correction_text(q.bias_correction)) for q in quantized]
+            lines += columns(rows)
+            notes = [(q.id, q.note) for q in quantized if q.note]
+            if notes:
+                lines += [""] + columns([("weight", "note")] + notes)
+        else:
+            lines.append("nothing quantized")
+        return lines + missed("not quantized", "producer", part.refused)
+
+    def summary(self, part: Part) -> str:
+        quantized: list[Quantized] = part.records
+        refused: list[Skip] = part.refused
+        text = f", quantized {len(quantized)} weight(s)"
+        if quantized:
+            text += f" ({count(f'int{q.bits} {q.granularity}' for q in quantized)})"
+        corrections = [q.bias_correction for q in quantized if q.bias_correction]
+        if corrections:
+            applied = sum(1 for c in corrections if c["applied"])
+            text += f", bias-corrected {applied} ({len(corrections) - applied} not)"
+        if refused:
+            text += f", {len(refused)} not quantized"
+        return text
+
+    def name_parameters(self, part: Part, names: dict[str, str]) -> None:
+        for q in part.records:
+            name = names.get(q.weight_location) if q.weight_location else None
+            if name is not None:
+                q.parameter = parameter_path(name)
+
+    def encodings(self, part: Part) -> dict[str, Any]:
+        """The quantized weights as an AIMET-style encodings file (`--quant-encodings`):
+        `{"version": ..., "param_encodings": {name: [entry, ...]}, "param_locations":
+        {name: producer location}}`. A weight that came from a bound parameter
+        (--bind-params, fold_exported's pytree) is keyed by the parameter's name
+        (`params/Conv_0/kernel`, as tools that read AIMET encodings expect), any other by
+        its producer's location; a key used twice (a producer inlined into several call
+        sites, a parameter shared by two layers) gets `#1`, `#2`, ..."""
+        found: dict[str, Any] = {}
+        where: dict[str, str] = {}
+        for q in part.records:
+            base = q.parameter or q.producer
+            key, n = base, 1
+            while key in found:
+                key, n = f"{base}#{n}", n + 1
+            found[key] = q.encoding()
+            where[key] = q.producer
+        return {"version": "0.6.1", "activation_encodings": {}, "param_encodings": found,
+                "param_locations": where}
+
+
+RECORDS = QuantizedWeights()
 PATTERN = QuantizeWeights()
