@@ -26,7 +26,7 @@ SCALE_CODES = {Code.SHARED_WEIGHT.value, Code.NORMALIZED.value, Code.PRECISION.v
 
 # id: (builder, keyword arguments, constant scales folded by fold-scale (f32, bf16)).
 # Flax nnx scales bf16 x bf16 -> f32 logits in f32 by 1/sqrt(8): a non-power-of-two scale
-# into bf16 weights is refused (precision: measured 1.4x the original's error, README rule 7).
+# into bf16 weights is refused (precision: measured 1.4x the original's error, docs/precision.md rule 8).
 MODELS = {
     "attention": (tj.attention, {}, 1),
     "attention_divide_bias": (tj.attention, {"divide": True, "bias": True}, 1),
@@ -234,7 +234,7 @@ def test_every_scalar_law_is_crossed_by_a_fold_that_keeps_the_numerics():
 
 def test_a_scale_in_f32_narrowed_back_to_bf16_rounds_as_a_bf16_scale():
     """`convert(convert(s, f32) * c, bf16)` rounds c s once to bf16, as a bf16 multiply
-    does: the scale goes into the bf16 Wq (rule 7 compares with that type)."""
+    does: the scale goes into the bf16 Wq (rule 8 compares with that type)."""
     import jax
     import jax.numpy as jnp
 

@@ -1,6 +1,6 @@
 """Recognise per-channel affine maps `y = x * s + t`, however they are spelled.
 
-Every exporter writes inference batch norm differently (see the README): Flax
+Every exporter writes inference batch norm differently (see docs/folding.md): Flax
 subtracts the mean then multiplies by `rsqrt(var + eps) * gamma`, Equinox
 divides by `sqrt(var + eps)`, Keras builds a scale and shift with `negate`,
 torchax multiplies twice, torch_xla emits `batch_norm_inference`. All of them

@@ -443,7 +443,7 @@ def check_bias(shift: np.ndarray, dtype: np.dtype, what: str = "the folded bias"
 
 # A forward-folded shift costs about log2(1 + |t|) bits against the original: measured
 # on random f32 convolutions, err(folded) <= 1.5 err(original) + (1 + |t|) ulps, and the
-# plain "+ 1 ulp" already fails at |t| = 2 (README, "The precision contract"). Standard
+# plain "+ 1 ulp" already fails at |t| = 2 (docs/precision.md). Standard
 # image normalizations have |t| <= 2.2 and fold; raw-data ones (|t| of 10^2 and more)
 # keep the shift before the producer. At most 2 bits:
 SHIFT_LIMIT = 3.0

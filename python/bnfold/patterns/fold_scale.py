@@ -33,7 +33,7 @@ head) is never copied: the scale is refused with `shared-weight` and the cost of
 copy in bytes, unless another way exists (a soft-cap's `1 / cap` goes into the final
 norm's weight through the tied head).
 
-The precision contract (README, rule 7): the scale never moves into a type narrower
+The precision contract (docs/precision.md, rule 8): the scale never moves into a type narrower
 than where the original applied it; a power-of-two scale is exact, another rounds once
 into the weight where the original rounded `c x` once: measured, no less accurate.
 

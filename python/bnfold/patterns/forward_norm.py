@@ -32,7 +32,7 @@ dot_general that reads it as its activation with a constant kernel. Any other
 use (a residual add in a post-norm block, a value returned from the function,
 attention's `q @ k^T`) refuses the fold (`nonlinear-consumer`), naming the op.
 Precision: each kernel is scaled in float64 and rounded once to its type
-(README, precision contract rule 7).
+(docs/precision.md, rule 7).
 """
 
 from __future__ import annotations
@@ -309,7 +309,7 @@ def _axis_back(path: tuple[ir.Operation, ...], axis: int | None) -> int | None:
 
 
 def _crosses_narrowing(c: Consumer, shift: np.ndarray) -> Refusal | None:
-    """Why the affine may not move across a narrowing convert on the way to `c` (README,
+    """Why the affine may not move across a narrowing convert on the way to `c` (docs/precision.md,
     precision contract rule 4: a shift never does; a scale does when the narrow type
     keeps the wide one's exponent range, as Gemma's f32 `(1 + w)` before a bf16 layer)."""
     for op in c.path:
