@@ -623,3 +623,29 @@ func.func @main(%x: tensor<1x6x6x64xf16>) -> tensor<1x2x2x4xf16> {{
     out = fold(text)
     [skip] = out.report.skipped
     assert skip.code == "precision" and "smallest normal" in skip.reason, skip.reason
+
+
+@pytest.mark.parametrize("dtype, scale", [("f32", "1.0e-37"), ("f32", "1.17549435e-38"),
+                                          ("bf16", "7.52316385e-37")])
+def test_a_weight_scaled_into_the_subnormals_is_not_flushed_to_zero(dtype, scale):
+    """XLA flushes f32 and bf16 subnormal numbers to zero: a weight the fold pushes there
+    (1e-2 * 1e-37; 1e-2 * 2^-120 in bf16) is a weight lost, whose input may carry the
+    output (breaker, issue 34). Judged on XLA against float64 of the original."""
+    text = f"""
+func.func @main(%x: tensor<1x2x{dtype}>) -> tensor<1x1x{dtype}> {{
+  %w = stablehlo.constant dense<[[1.0e-2], [10.0]]> : tensor<2x1x{dtype}>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<1x2x{dtype}>, tensor<2x1x{dtype}>) -> tensor<1x1x{dtype}>
+  %c = stablehlo.constant dense<{scale}> : tensor<1x1x{dtype}>
+  %r = stablehlo.multiply %y, %c : tensor<1x1x{dtype}>
+  return %r : tensor<1x1x{dtype}>
+}}
+"""
+    import ml_dtypes
+
+    x = np.array([[1000.0, 0.001]]).astype(np.float32 if dtype == "f32" else ml_dtypes.bfloat16)
+    exact = (x.astype(np.float64) @ np.array([[1e-2], [10.0]])) * float(scale)
+    folded = bnfold.fold_source(text)
+    original, after = outputs(text, [x]), outputs(folded.serialize().decode(), [x])
+    assert numerics.relative_error(original, exact) < 1e-2  # the original keeps it
+    assert numerics.relative_error(after, exact) < 1e-2, folded.report.to_json()
+    assert {s.code for s in folded.report.skipped} == {"precision"}

@@ -212,6 +212,7 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
     # |K * s| > (smallest subnormal) / 2 whenever |s| > 1/2, so only a smaller
     # scale can push a weight the original kept to zero.
     small = bool(np.any(np.abs(factor) <= 0.5))
+    flushed = flushed_below(effective)
 
     def block(index: tuple[slice, ...]) -> tuple[float, bool]:
         """(largest |weight|, NaN or inf when one is not finite; some weight became
@@ -225,7 +226,7 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
             np.multiply(kernel[index], factor[_factor_index(factor, index)], out=part,
                         dtype=np.float64, casting="unsafe")
             final = part.astype(effective) if narrow else part
-        return _peak(final), small and bool((final == 0).any())
+        return _peak(final), small and bool((np.abs(final) < flushed).any())
 
     with np.errstate(all="ignore"):
         results = _map(block, list(_block_indices(kernel.shape)))
@@ -245,7 +246,8 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
             original = kernel if not narrow else kernel.astype(effective)
             if not np.all(factor != 0):
                 original = np.multiply(original, factor != 0)
-            lost = int(np.count_nonzero(original)) - int(np.count_nonzero(final))
+            lost = int(np.count_nonzero((np.abs(original) >= flushed) & (original != 0)
+                                        & (np.abs(final) < flushed)))
             if lost:
                 return _underflow(effective, lost)
     return Rounded(out, False, _sampled_rounding(kernel, factor, final))
@@ -384,9 +386,31 @@ def _overflow(effective: np.dtype, bad: int, biggest: float) -> Refusal:
 
 
 def _underflow(effective: np.dtype, lost: int) -> Refusal:
+    what = "round to zero or to a subnormal number, which XLA flushes to zero," \
+        if type_name(effective) in _FLUSHED else "round to zero"
     return Refusal(Code.PRECISION,
-                   f"precision: {lost} nonzero weight(s) of the folded kernel round to zero in "
+                   f"precision: {lost} nonzero weight(s) of the folded kernel {what} in "
                    f"{type_name(effective)} (the scale is tiny); keep the normalization")
+
+
+# Types whose subnormal numbers XLA flushes to zero (CPU sets FTZ/DAZ; GPUs flush f32):
+# a weight that lands there is a weight rounded to zero (rule 2). f16 is computed
+# through f32 on CPU, where its subnormals are normal numbers: kept.
+_FLUSHED = frozenset({"f32", "f64", "bf16"})
+
+
+def flushed_below(dtype: np.dtype) -> float:
+    """The magnitude below which a weight of `dtype` is zero where the model runs: the
+    smallest normal number for types whose subnormals XLA flushes, else the smallest
+    subnormal (only an exact zero is zero)."""
+    if type_name(dtype) in _FLUSHED:
+        return smallest_normal(dtype)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return float(np.finfo(dtype).smallest_subnormal)
+    import ml_dtypes
+
+    return float(ml_dtypes.finfo(dtype).smallest_subnormal)
 
 
 def _finish(exact: np.ndarray, storage: np.dtype, effective: np.dtype, *,
@@ -409,7 +433,7 @@ def _check(exact: np.ndarray, storage: np.dtype, effective: np.dtype, shrinks: b
     if not np.isfinite(final64).all():
         return _overflow(effective, int(np.count_nonzero(~np.isfinite(final64))),
                          float(np.nanmax(np.abs(exact))))
-    lost = int(np.count_nonzero(exact)) - int(np.count_nonzero(final64))
+    lost = int(np.count_nonzero((exact != 0) & (np.abs(final64) < flushed_below(effective))))
     if lost:
         return _underflow(effective, lost)
     magnitude = np.abs(exact)
