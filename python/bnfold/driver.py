@@ -206,18 +206,13 @@ class _Checked:
             except StopIteration:
                 self.unchanged(before, "roots")
                 break
-            self.unchanged(before, "roots")
-            self.counts["roots"] += 1
-            result = pattern.match(ctx, root)
-            self.unchanged(before, "match")
-            self.counts["match"] += 1
-            matched = _accepted(ctx, pattern, root, result)
+            self.passed(before, "roots")
+            matched = _accepted(ctx, pattern, root,
+                                self.passed(before, "match", pattern.match(ctx, root)))
             if matched is None:
                 continue
-            result = pattern.plan(ctx, matched)
-            self.unchanged(before, "plan")
-            self.counts["plan"] += 1
-            planned = _accepted(ctx, pattern, matched, result)
+            planned = _accepted(ctx, pattern, matched,
+                                self.passed(before, "plan", pattern.plan(ctx, matched)))
             if planned is None:
                 continue
             redirected = ctx.rewriter.redirects = {}
@@ -233,6 +228,12 @@ class _Checked:
             self.unchanged(after, "record")  # it writes the ledger, never the IR
             before = after
         pattern.finish(ctx)
+
+    def passed(self, before: Fingerprint, phase: str, result: T | None = None) -> T | None:
+        """`result` of `phase`, once the IR is checked unchanged and the phase counted."""
+        self.unchanged(before, phase)
+        self.counts[phase] += 1
+        return result
 
     def fail(self, phase: str, what: str) -> None:
         raise RuleViolation(f"bnfold: pattern {self.name} broke the rules in {phase}: {what}")

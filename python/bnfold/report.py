@@ -166,13 +166,24 @@ class Section:
     always: bool = False
     statistics: bool = False
     prefix: str = ""
+    # (records, refusals, ran): the names under which a section of records and refusals
+    # answers `Report` attributes and JSON keys (`"equalized", "not_equalized",
+    # "equalize"`), for the common case; None: the section says itself.
+    keys: tuple[str, str, str] | None = None
 
     def attributes(self, part: Part) -> dict[str, Any]:
         """`Report` attributes this section answers (`report.equalized`, ...)."""
-        return {}
+        if self.keys is None:
+            return {}
+        records, refused, ran = self.keys
+        return {records: part.records, refused: part.refused, ran: part.ran}
 
     def to_json(self, part: Part) -> dict[str, Any]:
-        return {}
+        if self.keys is None:
+            return {}
+        records, refused, _ = self.keys
+        return {records: [r.to_json() for r in part.records],
+                refused: [s.to_json() for s in part.refused]}
 
     def table(self, part: Part) -> list[str]:
         """The text report's lines of this section (none: no table)."""

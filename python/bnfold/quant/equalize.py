@@ -581,13 +581,8 @@ class EqualizedSets(Section):
     order = 30
     statistics = True
     prefix = "eq"
+    keys = ("equalized", "not_equalized", "equalize")
 
-    def attributes(self, part: Part) -> dict[str, Any]:
-        return {"equalized": part.records, "not_equalized": part.refused, "equalize": part.ran}
-
-    def to_json(self, part: Part) -> dict[str, Any]:
-        return {"equalized": [e.to_json() for e in part.records],
-                "not_equalized": [s.to_json() for s in part.refused]}
 
     def table(self, part: Part) -> list[str]:
         equalized: list[Equalized] = part.records

@@ -559,13 +559,8 @@ class QuantizedWeights(Section):
     order = 40
     statistics = True
     prefix = "q"
+    keys = ("quantized", "not_quantized", "quantize")
 
-    def attributes(self, part: Part) -> dict[str, Any]:
-        return {"quantized": part.records, "not_quantized": part.refused, "quantize": part.ran}
-
-    def to_json(self, part: Part) -> dict[str, Any]:
-        return {"quantized": [q.to_json() for q in part.records],
-                "not_quantized": [s.to_json() for s in part.refused]}
 
     def table(self, part: Part) -> list[str]:
         quantized: list[Quantized] = part.records
