@@ -28,6 +28,7 @@ from bnfold import attributes
 from bnfold.constants import (
     Evaluator,
     argument_refusal,
+    loop_refusal,
     map_axis_through_reshape,
     parameter_argument,
     per_channel,
@@ -121,6 +122,10 @@ def as_step(op: ir.Operation, evaluator: Evaluator) -> Step | None:
         if argument is not None and _size(argument) < result_size and \
                 not (name == "stablehlo.divide" and x_index == 1):
             return Step(op, x_index, argument_refusal(argument, f"operand {1 - x_index} of {name}"))
+    for x_index in (0, 1):
+        refusal = loop_refusal(operands[1 - x_index], f"operand {1 - x_index} of {name}", evaluator)
+        if refusal is not None and not (name == "stablehlo.divide" and x_index == 1):
+            return Step(op, x_index, refusal)
     return None
 
 

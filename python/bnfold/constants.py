@@ -547,6 +547,55 @@ def _inside_loop(op: ir.Operation) -> bool:
     return False
 
 
+def loop_refusal(value: ir.Value, subject: str, evaluator: Evaluator) -> Refusal | None:
+    """Why `subject` does not fold when `value` is a slice of a loop's carried values.
+
+    jax 0.11 lowers `lax.scan` over stacked weights with the body inline in the
+    `stablehlo.while` body: each layer's kernel and statistics are
+    `func.call @dynamic_index_in_dim(%iterArg, %i)` there, not arguments of a private
+    function (`argument_refusal` finds those). Follows evaluable ops back from `value`;
+    each source must be a block argument of a `stablehlo.while` region, or a call or
+    `dynamic_slice` reading only those and constants. None when `value` depends on
+    anything else (an activation computed in the body, a function argument).
+    """
+    found = False
+    stack = [value]
+    for _ in range(256):
+        if not stack:
+            break
+        current = stack.pop()
+        if evaluator.constant(current) is not None:
+            continue
+        owner = defining_op(current)
+        if owner is None:
+            if not _carried_by_loop(current):
+                return None
+            found = True
+        elif owner.name in ("func.call", "stablehlo.dynamic_slice"):
+            if not all(evaluator.constant(v) is not None or _carried_by_loop(v)
+                       for v in owner.operands):
+                return None
+            found = True
+        elif owner.name in _EVALUATORS:
+            stack.extend(value_operands(owner))
+        else:
+            return None
+    else:
+        return None
+    if not found:
+        return None
+    return Refusal(Code.LOOP, f"{subject} is not constant: it is sliced, per iteration, from "
+                              f"the values a stablehlo.while loop carries; {UNROLL_HINT}")
+
+
+def _carried_by_loop(value: ir.Value) -> bool:
+    """A block argument of a `stablehlo.while` region (what the loop carries)."""
+    if defining_op(value) is not None:
+        return False
+    parent = as_operation(ir.BlockArgument(value).owner.owner)
+    return parent is not None and parent.name == "stablehlo.while"
+
+
 def parameter_argument(value: ir.Value, evaluator: Evaluator) -> ir.Value | None:
     """The function argument a non-constant, parameter-like value is computed from.
 

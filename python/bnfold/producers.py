@@ -24,7 +24,7 @@ import numpy as np
 
 from bnfold import elements, precision
 from bnfold.attributes import conv_dims, dot_dims, feature_groups
-from bnfold.constants import Evaluator, NotConst, argument_refusal, parameter_argument
+from bnfold.constants import Evaluator, NotConst, argument_refusal, loop_refusal, parameter_argument
 from bnfold.graph import defining_op
 from bnfold.ir import ir
 from bnfold.refusal import Code, Refusal
@@ -271,5 +271,8 @@ def output_axis(op: ir.Operation, evaluator: Evaluator
         argument = parameter_argument(op.operands[kernel_axis.operand], evaluator)
         if argument is not None:
             return axis, argument_refusal(argument, "the kernel", Code.KERNEL_ARGUMENT)
+        looped = loop_refusal(op.operands[kernel_axis.operand], "the kernel", evaluator)
+        if looped is not None:
+            return axis, looped
     return axis, Refusal(Code.KERNEL_ARGUMENT, "kernel is not constant (bind parameters first: "
                                                "--bind-params)")
