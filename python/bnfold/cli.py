@@ -103,6 +103,22 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         super().__init__(prog, width=_terminal_columns() - 2)
 
 
+class _LazyHelp(str):
+    """An argument's help text, made by `make` when it is expanded (`help % params`, as
+    argparse and tools/gen_docs.py do): the `--check` help quotes bnfold.check's
+    tolerances, and importing that module would cost every run 2 ms."""
+
+    make: Callable[[], str]
+
+    def __new__(cls, make: Callable[[], str]) -> _LazyHelp:
+        self = super().__new__(cls, "(help)")
+        self.make = make
+        return self
+
+    def __mod__(self, params: object) -> str:
+        return self.make() % params
+
+
 def _terminal_columns() -> int:
     try:
         columns = int(os.environ["COLUMNS"])
@@ -464,22 +480,29 @@ def _check_pipeline_flags(args: argparse.Namespace, in_pipeline: dict[int, FoldO
 
 
 def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
-    from bnfold.check import DEFAULT_DIM, TOLERANCE
+    def check_help() -> str:
+        from bnfold.check import TOLERANCE
 
-    table = ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
-    parser.add_argument("--check", action="store_true",
-                        help="run the original and the output on XLA CPU with seeded inputs "
-                             "of @main's shapes (integers for integer arguments) and print the "
-                             "max relative difference, and both modules' error against the "
-                             "original evaluated in float64 where it can be; past the "
-                             f"tolerance ({table}, of the narrowest float type the original "
-                             "computes in) exit 1 and write nothing")
+        table = ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
+        return ("run the original and the output on XLA CPU with seeded inputs of @main's "
+                "shapes (integers for integer arguments) and print the max relative "
+                "difference, and both modules' error against the original evaluated in "
+                "float64 where it can be; past the tolerance "
+                f"({table}, of the narrowest float type the original computes in) exit 1 "
+                "and write nothing")
+
+    def dim_help() -> str:
+        from bnfold.check import DEFAULT_DIM
+
+        return ("--check's size of a symbolic dimension (jax.export's name, e.g. b=4, or "
+                f"argK.D); default {DEFAULT_DIM}; repeatable")
+
+    parser.add_argument("--check", action="store_true", help=_LazyHelp(check_help))
     parser.add_argument("--check-tolerance", type=float, metavar="RTOL",
                         help="--check's tolerance for every output instead of the table "
                              "(e.g. 0.05 with --quantize-weights, which changes the weights)")
     parser.add_argument("--check-dim", action="append", default=[], metavar="NAME=SIZE",
-                        help="--check's size of a symbolic dimension (jax.export's name, e.g. "
-                             f"b=4, or argK.D); default {DEFAULT_DIM}; repeatable")
+                        help=_LazyHelp(dim_help))
 
 
 def _check(args: argparse.Namespace, name: str, bound: Bindings | None,
