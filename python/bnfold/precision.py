@@ -226,7 +226,13 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
             np.multiply(kernel[index], factor[_factor_index(factor, index)], out=part,
                         dtype=np.float64, casting="unsafe")
             final = part.astype(effective) if narrow else part
-        return _peak(final), small and bool((np.abs(final) < flushed).any())
+            if not small or final.size == 0:
+                return _peak(final), False
+            # One pass for |final|, then its max and min: the peak, and whether a weight
+            # is below `flushed` (NaN propagates through both, as in `_peak`).
+            magnitude = np.abs(final)
+            peak = float(magnitude.max())
+            return peak, bool(magnitude.min() < flushed)
 
     with np.errstate(all="ignore"):
         results = _map(block, list(_block_indices(kernel.shape)))
