@@ -175,7 +175,7 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
     written into `arena` when one is given (see `Arena`).
     """
     size = math.prod(shape)
-    if factor.size > 1 and np.all(factor == factor.flat[0]):
+    if factor.size > 1 and (factor == factor.flat[0]).all():
         factor = factor.reshape(-1)[:1].reshape((1,) * factor.ndim)  # a uniform scale
     if compact.shape != tuple(shape):
         product = compact.astype(np.float64) * factor
@@ -211,7 +211,7 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
     narrow = np.dtype(effective) != np.dtype(storage)
     # |K * s| > (smallest subnormal) / 2 whenever |s| > 1/2, so only a smaller
     # scale can push a weight the original kept to zero.
-    small = bool(np.any(np.abs(factor) <= 0.5))
+    small = bool((np.abs(factor) <= 0.5).any())
     flushed = flushed_below(effective)
 
     def block(index: tuple[slice, ...]) -> tuple[float, bool]:
@@ -271,7 +271,7 @@ def _peak(values: np.ndarray) -> float:
 def _shrinks(factor: np.ndarray) -> bool:
     """Whether some scale is below 1 in magnitude: only then can a weight the original
     stored as a normal number become subnormal."""
-    return bool(np.any(np.abs(factor) < 1))
+    return bool((np.abs(factor) < 1).any())
 
 
 def _below_normal(exact: np.ndarray, final: np.ndarray, effective: np.dtype,
@@ -466,7 +466,7 @@ def check_bias(shift: np.ndarray, dtype: np.dtype, what: str = "the folded bias"
     """Why the new bias (or another new constant) cannot be stored in `dtype`, or None."""
     with np.errstate(all="ignore"):
         rounded = shift.astype(dtype).astype(np.float64)
-    if not np.all(np.isfinite(rounded)):
+    if not np.isfinite(rounded).all():
         return Refusal(Code.PRECISION, f"precision: {what} overflows {type_name(dtype)}")
     return None
 
@@ -538,10 +538,10 @@ def grown_result(scale: np.ndarray, overshoot: np.ndarray | None, bound: Callabl
     within the type, or, without statistics, `ASSUMED_BOUND` times the scale (f16 has
     none)."""
     grows = np.abs(scale) > 1
-    if not np.any(grows):
+    if not grows.any():
         return None
     name, top = type_name(dtype), largest(dtype)
-    if overshoot is not None and np.all(overshoot[grows] <= RESULT_MARGIN * top):
+    if overshoot is not None and (overshoot[grows] <= RESULT_MARGIN * top).all():
         return None
     known = bound()
     if known is not None:
