@@ -39,6 +39,7 @@ More rules govern what moves across the producer:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -69,6 +70,7 @@ def significand_bits(dtype: np.dtype) -> int:
     return _BFLOAT16_SIGNIFICAND_BITS if dtype.kind == "V" and dtype.name == "bfloat16" else 0
 
 
+@functools.cache  # asked per fold (numpy's finfo is Python code)
 def largest(dtype: np.dtype) -> float:
     """The largest finite value of a float dtype (bfloat16 too)."""
     dtype = np.dtype(dtype)
@@ -79,6 +81,7 @@ def largest(dtype: np.dtype) -> float:
     return float(ml_dtypes.finfo(dtype).max)
 
 
+@functools.cache  # asked per fold (numpy's finfo is Python code)
 def smallest_normal(dtype: np.dtype) -> float:
     """The smallest positive normal value of a float dtype (bfloat16 too)."""
     dtype = np.dtype(dtype)
@@ -405,6 +408,7 @@ def _underflow(effective: np.dtype, lost: int) -> Refusal:
 _FLUSHED = frozenset({"f32", "f64", "bf16"})
 
 
+@functools.cache  # asked per fold (numpy's finfo is Python code)
 def flushed_below(dtype: np.dtype) -> float:
     """The magnitude below which a weight of `dtype` is zero where the model runs: the
     smallest normal number for types whose subnormals XLA flushes, else the smallest
