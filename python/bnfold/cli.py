@@ -12,7 +12,6 @@ import argparse
 import functools
 import os
 import re
-import shlex
 import sys
 import time
 import traceback
@@ -789,6 +788,8 @@ def _load_params(path: str) -> dict[str | int, Any]:
 def _without_input(argv: list[str]) -> list[str]:
     """`argv` without the input argument (the first positional one), every other argument
     kept, '-' included (`-o -` stays `-o -`), each quoted for a shell."""
+    import shlex  # only after a crash (start-up time)
+
     actions = build_parser()._option_string_actions
     takes_value = {s for s, action in actions.items() if action.nargs != 0}
     kept: list[str] = []
@@ -830,6 +831,7 @@ def _ignoring_extra_keys(bound: dict[str | int, Any], args: argparse.Namespace
 
 def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:
     """torch-mlir style: keep the input and the traceback, print the exact command."""
+    import shlex
     import tempfile  # only after a crash
 
     directory = tempfile.mkdtemp(prefix="bnfold-repro-")

@@ -170,6 +170,8 @@ def mean_through(op: ir.Operation, mapping: producers.InputScaleMap, values: np.
     whose channels have mean `mean` (zero padding, lhs_dilation holes: their border share),
     with `values` the kernel in float64; and the output axis. Linear: E[K x] = K E[x]."""
     if op.name == "stablehlo.convolution":
+        from bnfold import border
+
         win = border.window(op, padding, unpadded)
         if isinstance(win, Refusal):
             return win
