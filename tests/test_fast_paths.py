@@ -3,10 +3,15 @@
     op_id                 the capsule's pointer read directly == PyCapsule_GetPointer
     Evaluator.is_constant a constant's elements not read == `constant(v) is not None`
     attributes.ints       a dense array read by index == iterated
+    Rewriter.is_replaced  the replaced ops' addresses == their handles among the tombstones
+    --check's help        bnfold.check imported when the help is shown, not by every run
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +19,7 @@ import pytest
 from bnfold import attributes
 from bnfold import ir as bir
 from bnfold.constants import Evaluator
+from bnfold.rewriter import Rewriter
 
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = sorted((ROOT / "testdata").rglob("*.mlir"))
@@ -99,3 +105,41 @@ def test_dense_arrays_read_by_index_as_iterated(path: Path) -> None:
                 assert attributes.ints(op, name, default=0, rank=0) == tuple(array)
                 checked += 1
         assert checked > 0
+
+
+@pytest.mark.parametrize("path", MODELS[:12], ids=lambda p: p.name)
+def test_is_replaced_answers_what_the_handles_answer(path: Path) -> None:
+    """After replacing every other op that has results (the way a pattern's apply does),
+    `is_replaced` by address agrees with the handle map for every op, replaced or not."""
+    context = bir.make_context()
+    module = bir.parse_path(str(path), context)
+    with context, bir.ir.Location.unknown():
+        rewriter = Rewriter()
+        ops = _ops(module)
+        assert not any(rewriter.is_replaced(op) for op in ops)
+        replaced = [op for op in ops if len(op.results) == 1][::2]
+        for op in replaced:
+            rewriter.replace_op(op, [op.results[0]])  # its own value: no use moves
+        slow = [rewriter.handles.get(op) in rewriter._tombstones for op in ops]
+        assert [rewriter.is_replaced(op) for op in ops] == slow
+        assert sum(slow) == len(replaced) > 0
+
+
+def test_check_help_quotes_the_tolerances_without_importing_check() -> None:
+    """`--check`'s help quotes bnfold.check's tolerance table and default size, read when
+    the help is expanded; building the parser (every run) does not import bnfold.check."""
+    code = """
+import sys
+import bnfold.cli
+parser = bnfold.cli.build_parser()
+assert "bnfold.check" not in sys.modules, "building the parser imported bnfold.check"
+text = parser.format_help()
+from bnfold.check import DEFAULT_DIM, TOLERANCE
+for name, value in TOLERANCE.items():
+    assert f"{name} {value:g}" in text, (name, value)
+assert f"default {DEFAULT_DIM};" in text
+"""
+    env = dict(os.environ, COLUMNS="1000")  # one line per argument: nothing wraps
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=False)
+    assert run.returncode == 0, run.stderr

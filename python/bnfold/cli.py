@@ -12,7 +12,6 @@ import argparse
 import functools
 import os
 import re
-import shlex
 import sys
 import time
 import traceback
@@ -101,6 +100,22 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
 
     def __init__(self, prog: str) -> None:
         super().__init__(prog, width=_terminal_columns() - 2)
+
+
+class _LazyHelp(str):
+    """An argument's help text, made by `make` when it is expanded (`help % params`, as
+    argparse and tools/gen_docs.py do): the `--check` help quotes bnfold.check's
+    tolerances, and importing that module would cost every run 2 ms."""
+
+    make: Callable[[], str]
+
+    def __new__(cls, make: Callable[[], str]) -> _LazyHelp:
+        self = super().__new__(cls, "(help)")
+        self.make = make
+        return self
+
+    def __mod__(self, params: object) -> str:
+        return self.make() % params
 
 
 def _terminal_columns() -> int:
@@ -464,22 +479,29 @@ def _check_pipeline_flags(args: argparse.Namespace, in_pipeline: dict[int, FoldO
 
 
 def _add_check_arguments(parser: argparse.ArgumentParser) -> None:
-    from bnfold.check import DEFAULT_DIM, TOLERANCE
+    def check_help() -> str:
+        from bnfold.check import TOLERANCE
 
-    table = ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
-    parser.add_argument("--check", action="store_true",
-                        help="run the original and the output on XLA CPU with seeded inputs "
-                             "of @main's shapes (integers for integer arguments) and print the "
-                             "max relative difference, and both modules' error against the "
-                             "original evaluated in float64 where it can be; past the "
-                             f"tolerance ({table}, of the narrowest float type the original "
-                             "computes in) exit 1 and write nothing")
+        table = ", ".join(f"{k} {v:g}" for k, v in TOLERANCE.items())
+        return ("run the original and the output on XLA CPU with seeded inputs of @main's "
+                "shapes (integers for integer arguments) and print the max relative "
+                "difference, and both modules' error against the original evaluated in "
+                "float64 where it can be; past the tolerance "
+                f"({table}, of the narrowest float type the original computes in) exit 1 "
+                "and write nothing")
+
+    def dim_help() -> str:
+        from bnfold.check import DEFAULT_DIM
+
+        return ("--check's size of a symbolic dimension (jax.export's name, e.g. b=4, or "
+                f"argK.D); default {DEFAULT_DIM}; repeatable")
+
+    parser.add_argument("--check", action="store_true", help=_LazyHelp(check_help))
     parser.add_argument("--check-tolerance", type=float, metavar="RTOL",
                         help="--check's tolerance for every output instead of the table "
                              "(e.g. 0.05 with --quantize-weights, which changes the weights)")
     parser.add_argument("--check-dim", action="append", default=[], metavar="NAME=SIZE",
-                        help="--check's size of a symbolic dimension (jax.export's name, e.g. "
-                             f"b=4, or argK.D); default {DEFAULT_DIM}; repeatable")
+                        help=_LazyHelp(dim_help))
 
 
 def _check(args: argparse.Namespace, name: str, bound: Bindings | None,
@@ -766,6 +788,8 @@ def _load_params(path: str) -> dict[str | int, Any]:
 def _without_input(argv: list[str]) -> list[str]:
     """`argv` without the input argument (the first positional one), every other argument
     kept, '-' included (`-o -` stays `-o -`), each quoted for a shell."""
+    import shlex  # only after a crash (start-up time)
+
     actions = build_parser()._option_string_actions
     takes_value = {s for s, action in actions.items() if action.nargs != 0}
     kept: list[str] = []
@@ -807,6 +831,7 @@ def _ignoring_extra_keys(bound: dict[str | int, Any], args: argparse.Namespace
 
 def _save_reproducer(args: argparse.Namespace, argv: list[str], trace: str) -> str:
     """torch-mlir style: keep the input and the traceback, print the exact command."""
+    import shlex
     import tempfile  # only after a crash
 
     directory = tempfile.mkdtemp(prefix="bnfold-repro-")

@@ -68,6 +68,7 @@ class Context:
     _shared: dict[Callable[[Any], Any], Any] = field(default_factory=dict)
     _symbols: dict[str, ir.Operation] | None = None
     _bodies: dict[str, frozenset[str]] = field(default_factory=dict)
+    _patterns: dict[Stage, tuple[tuple[Entry, ...], list[Pattern]]] = field(default_factory=dict)
 
     def functions(self) -> list[ir.Operation]:
         """The functions patterns may change: not skipped, not dropped."""
@@ -99,9 +100,15 @@ class Context:
         return patterns.REGISTRY if self.registry is None else self.registry
 
     def patterns(self, after: Stage = Stage.PREPARE) -> list[Pattern]:
-        """The enabled patterns of stages after `after`, loaded (in registry order)."""
-        return [entry.load() for entry in self.entries()
-                if entry.stage > after and self.options.enabled(entry.name, entry.opt_in)]
+        """The enabled patterns of stages after `after`, loaded (in registry order); made
+        once per run (inline-calls asks for every call site)."""
+        entries = self.entries()
+        made = self._patterns.get(after)
+        if made is None or made[0] is not entries:
+            made = self._patterns[after] = (entries, [
+                entry.load() for entry in entries
+                if entry.stage > after and self.options.enabled(entry.name, entry.opt_in)])
+        return made[1]
 
     def shared(self, factory: Callable[[Context], S]) -> S:
         """`factory(self)`, made on the first call of this run and kept for the run."""

@@ -12,7 +12,7 @@ import ctypes
 import io
 import os
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO, Literal, cast
 
 # What `import jax` does first: XLA's C++ logging reads its level when jaxlib loads, and
@@ -326,17 +326,13 @@ def _capsule_layout_known() -> bool:
     return True
 
 
-def op_id(op: ir.Operation | ir.OpView) -> int:
-    """The address of the underlying MLIR operation: a stable dictionary key.
-
-    Python wrappers of one operation compare equal but hash by object
-    identity, and a walk hands out fresh wrappers, so `hash(op)` cannot key
-    a dictionary across lookups. Valid while the operation is not erased.
-    """
-    return _op_id(op)
-
-
-_op_id = _fast_op_id if _capsule_layout_known() else _checked_op_id
+# `op_id(op)`: the address of the underlying MLIR operation, a stable dictionary key.
+# Python wrappers of one operation compare equal but hash by object identity, and a
+# walk hands out fresh wrappers, so `hash(op)` cannot key a dictionary across lookups.
+# Valid while the operation is not erased. (The function itself, not a wrapper: a
+# 300-layer fold asks 10k times.)
+op_id: Callable[[ir.Operation | ir.OpView], int] = \
+    _fast_op_id if _capsule_layout_known() else _checked_op_id
 
 
 # --- dense_resource blobs ------------------------------------------------------

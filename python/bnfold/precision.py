@@ -39,6 +39,7 @@ More rules govern what moves across the producer:
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable, Iterator
@@ -69,6 +70,7 @@ def significand_bits(dtype: np.dtype) -> int:
     return _BFLOAT16_SIGNIFICAND_BITS if dtype.kind == "V" and dtype.name == "bfloat16" else 0
 
 
+@functools.cache  # asked per fold (numpy's finfo is Python code)
 def largest(dtype: np.dtype) -> float:
     """The largest finite value of a float dtype (bfloat16 too)."""
     dtype = np.dtype(dtype)
@@ -79,6 +81,7 @@ def largest(dtype: np.dtype) -> float:
     return float(ml_dtypes.finfo(dtype).max)
 
 
+@functools.cache  # asked per fold (numpy's finfo is Python code)
 def smallest_normal(dtype: np.dtype) -> float:
     """The smallest positive normal value of a float dtype (bfloat16 too)."""
     dtype = np.dtype(dtype)
@@ -175,7 +178,7 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
     written into `arena` when one is given (see `Arena`).
     """
     size = math.prod(shape)
-    if factor.size > 1 and np.all(factor == factor.flat[0]):
+    if factor.size > 1 and (factor == factor.flat[0]).all():
         factor = factor.reshape(-1)[:1].reshape((1,) * factor.ndim)  # a uniform scale
     if compact.shape != tuple(shape):
         product = compact.astype(np.float64) * factor
@@ -211,7 +214,7 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
     narrow = np.dtype(effective) != np.dtype(storage)
     # |K * s| > (smallest subnormal) / 2 whenever |s| > 1/2, so only a smaller
     # scale can push a weight the original kept to zero.
-    small = bool(np.any(np.abs(factor) <= 0.5))
+    small = bool((np.abs(factor) <= 0.5).any())
     flushed = flushed_below(effective)
 
     def block(index: tuple[slice, ...]) -> tuple[float, bool]:
@@ -226,7 +229,13 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
             np.multiply(kernel[index], factor[_factor_index(factor, index)], out=part,
                         dtype=np.float64, casting="unsafe")
             final = part.astype(effective) if narrow else part
-        return _peak(final), small and bool((np.abs(final) < flushed).any())
+            if not small or final.size == 0:
+                return _peak(final), False
+            # One pass for |final|, then its max and min: the peak, and whether a weight
+            # is below `flushed` (NaN propagates through both, as in `_peak`).
+            magnitude = np.abs(final)
+            peak = float(magnitude.max())
+            return peak, bool(magnitude.min() < flushed)
 
     with np.errstate(all="ignore"):
         results = _map(block, list(_block_indices(kernel.shape)))
@@ -265,7 +274,7 @@ def _peak(values: np.ndarray) -> float:
 def _shrinks(factor: np.ndarray) -> bool:
     """Whether some scale is below 1 in magnitude: only then can a weight the original
     stored as a normal number become subnormal."""
-    return bool(np.any(np.abs(factor) < 1))
+    return bool((np.abs(factor) < 1).any())
 
 
 def _below_normal(exact: np.ndarray, final: np.ndarray, effective: np.dtype,
@@ -399,6 +408,7 @@ def _underflow(effective: np.dtype, lost: int) -> Refusal:
 _FLUSHED = frozenset({"f32", "f64", "bf16"})
 
 
+@functools.cache  # asked per fold (numpy's finfo is Python code)
 def flushed_below(dtype: np.dtype) -> float:
     """The magnitude below which a weight of `dtype` is zero where the model runs: the
     smallest normal number for types whose subnormals XLA flushes, else the smallest
@@ -460,7 +470,7 @@ def check_bias(shift: np.ndarray, dtype: np.dtype, what: str = "the folded bias"
     """Why the new bias (or another new constant) cannot be stored in `dtype`, or None."""
     with np.errstate(all="ignore"):
         rounded = shift.astype(dtype).astype(np.float64)
-    if not np.all(np.isfinite(rounded)):
+    if not np.isfinite(rounded).all():
         return Refusal(Code.PRECISION, f"precision: {what} overflows {type_name(dtype)}")
     return None
 
@@ -532,10 +542,10 @@ def grown_result(scale: np.ndarray, overshoot: np.ndarray | None, bound: Callabl
     within the type, or, without statistics, `ASSUMED_BOUND` times the scale (f16 has
     none)."""
     grows = np.abs(scale) > 1
-    if not np.any(grows):
+    if not grows.any():
         return None
     name, top = type_name(dtype), largest(dtype)
-    if overshoot is not None and np.all(overshoot[grows] <= RESULT_MARGIN * top):
+    if overshoot is not None and (overshoot[grows] <= RESULT_MARGIN * top).all():
         return None
     known = bound()
     if known is not None:

@@ -99,6 +99,7 @@ class Rewriter:
         self.handles = Handles()
         self._listeners: list[Listener] = []
         self._tombstones: dict[Handle, ir.Operation] = {}
+        self._tombstone_ids: set[int] = set()  # their addresses: `is_replaced` in one lookup
         self._successors: dict[Handle, ir.Operation] = {}
         self.changed_functions: set[str] = set()
         # While the driver checks a pattern's apply: each result replace_op redirected.
@@ -113,10 +114,9 @@ class Rewriter:
         return self.handles.of(op)
 
     def is_replaced(self, op: ir.Operation) -> bool:
-        if not self._tombstones:  # nothing replaced yet: no address to look up (2 us each)
+        if not self._tombstone_ids:  # nothing replaced yet: no address to look up
             return False
-        handle = self.handles.get(op)
-        return handle is not None and handle in self._tombstones
+        return op_id(op) in self._tombstone_ids
 
     def current(self, op: ir.Operation) -> ir.Operation:
         """The op that now computes what `op` computed (itself unless replaced)."""
@@ -155,6 +155,7 @@ class Rewriter:
                     self.redirects[result] = value
         handle = self.handle(op)
         self._tombstones[handle] = op
+        self._tombstone_ids.add(op_id(op))
         if successor is not None:
             self._successors[handle] = successor
         name = function_name(op)
@@ -182,6 +183,7 @@ class Rewriter:
     def drop_function(self, func: ir.Operation) -> None:
         """Marks a private function that nothing calls any more for erasure at `finish`."""
         self._tombstones[self.handle(func)] = func
+        self._tombstone_ids.add(op_id(func))
         for listener in self._listeners:
             listener.on_change()
 
@@ -196,6 +198,7 @@ class Rewriter:
         Without `remove_dead` (debugging) nothing is erased: replaced ops stay, unused."""
         tombstones = list(self._tombstones.values())
         self._tombstones.clear()
+        self._tombstone_ids.clear()
         self._successors.clear()
         for listener in self._listeners:
             listener.on_finish()

@@ -19,6 +19,7 @@ gave it ("--absorb-high-bias needs --equalize").
 from __future__ import annotations
 
 import enum
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, make_dataclass
@@ -114,7 +115,7 @@ class OptionsBase:
         object.__setattr__(self, "skip_functions", frozenset(map(symbol, self.skip_functions)))
         _validate(self)
 
-    @property
+    @functools.cached_property  # asked once per fold; the options never change
     def needs_statistics(self) -> bool:
         """Whether folds record their batch norms' statistics: for the report's params, and
         for what an option builds on them (`Meta.uses_statistics`: the range check of

@@ -14,14 +14,18 @@ and its average over the output positions is the border share of each tap.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnfold import attributes, border, precision, producers
+from bnfold import attributes, precision, producers
 from bnfold.analysis import Analysis
 from bnfold.constants import per_channel
 from bnfold.ir import ir
 from bnfold.refusal import Code, Refusal
+
+if TYPE_CHECKING:  # imported where a shift meets zero padding (start-up time)
+    from bnfold import border
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,8 @@ def _border_shift(op: ir.Operation, mapping: producers.InputScaleMap, values: np
                   shift: np.ndarray, padding: np.ndarray,
                   unpadded: ir.RankedTensorType | None) -> Through | Refusal:
     """The shift through zero padding as an exact constant correction of the output."""
+    from bnfold import border
+
     win = border.window(op, padding, unpadded)
     if isinstance(win, Refusal):
         return win.wrap("the shift cannot fold forward through zero padding")
@@ -164,6 +170,8 @@ def mean_through(op: ir.Operation, mapping: producers.InputScaleMap, values: np.
     whose channels have mean `mean` (zero padding, lhs_dilation holes: their border share),
     with `values` the kernel in float64; and the output axis. Linear: E[K x] = K E[x]."""
     if op.name == "stablehlo.convolution":
+        from bnfold import border
+
         win = border.window(op, padding, unpadded)
         if isinstance(win, Refusal):
             return win

@@ -154,6 +154,6 @@ def kind(steps: list[Step], fit: Affine) -> str:
     a mean pool's divide)."""
     if any(s.name == "stablehlo.batch_norm_inference" for s in steps):
         return "normalization"
-    if np.any(fit.shift != 0) and np.any(np.abs(fit.scale) != 1):
+    if (fit.shift != 0).any() and (np.abs(fit.scale) != 1).any():
         return "normalization"  # checked before the walk of the constants: cheaper
     return "normalization" if has_variance(steps) else "affine"
