@@ -3,9 +3,10 @@
 
 Runs `python -m bnfold IN -o OUT --visualize` (needs the `bnfold[viz]` extra),
 waits for the URL it prints, opens it in headless Chromium through Playwright,
-opens the folded module in a split pane next to the input and saves a PNG:
-the input graph with bnfold's node data applied (folded normalization ops
-green, ops that did not fold red) and the folded graph beside it.
+waits for Model Explorer to lay out both panes and saves a PNG of the page as it
+opens, with no clicks: the input graph (left) with bnfold's node data applied
+(folded normalization ops green, ops that did not fold red) and the folded graph
+(right) with the producers that absorbed folds blue.
 
     pip install playwright            # the Python driver only; the browser is Debian's
     apt-get install chromium          # /usr/bin/chromium
@@ -29,7 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,26 +38,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("module", type=Path)
     parser.add_argument("png", type=Path)
     parser.add_argument("--port", type=int, default=8124)
-    parser.add_argument("--wait", type=float, default=15.0,
-                        help="seconds for Model Explorer to convert and lay out the graphs")
+    parser.add_argument("--wait", type=float, default=30.0,
+                        help="at most this many seconds after the graphs appear for both "
+                             "panes to show bnfold's colours")
     parser.add_argument("--chromium", default="/usr/bin/chromium")
     args = parser.parse_args(argv)
     panes = capture(args.module, args.png, port=args.port, wait=args.wait, chromium=args.chromium)
-    for title, colours in panes:
-        print(f"{title}: " + ", ".join(f"{n} {name} pixels" for name, n in colours.items()))
+    for pane in panes:
+        print(f"{pane.title}: " + ", ".join(f"{n} {name} pixels"
+                                           for name, n in pane.colours.items())
+              + f"; node data {pane.node_data}")
     print(f"wrote {args.png}")
     return 0
+
+
+class Pane(NamedTuple):
+    """One pane as the page drew it."""
+
+    title: str  # "MODEL FILE | GRAPH"
+    colours: dict[str, int]  # pixels of each of bnfold's colours in the pane's graph
+    node_data: list[str]  # the node data runs its side panel lists (their names)
 
 
 COLOURS = {"folded": (0xa5, 0xd6, 0xa7), "not folded": (0xef, 0x9a, 0x9a), "absorbed": (0x90, 0xca, 0xf9)}
 
 
-def capture(module: Path, png: Path, *, port: int = 8124, wait: float = 15.0,
-            chromium: str = "/usr/bin/chromium") -> list[tuple[str, dict[str, int]]]:
-    """Serves `module` with `bnfold-opt --visualize`, loads the page in headless Chromium,
-    shows the right pane's node data too (Model Explorer selects it in the first pane only),
-    saves a screenshot, and returns each pane's title with the count of pixels of each of
-    bnfold's colours inside that pane's graph (the drawing, not the side panel's table)."""
+def capture(module: Path, png: Path, *, port: int = 8124, wait: float = 30.0,
+            chromium: str = "/usr/bin/chromium") -> list[Pane]:
+    """Serves `module` with `bnfold-opt --visualize`, loads the page in headless Chromium
+    and, clicking nothing, waits (at most `wait` seconds after the graphs appear) until
+    every pane shows one of bnfold's colours; saves a screenshot and returns the panes."""
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -72,10 +83,15 @@ def capture(module: Path, png: Path, *, port: int = 8124, wait: float = 15.0,
                 page = browser.new_page(viewport={"width": 1800, "height": 1000})
                 page.goto(url)
                 page.wait_for_selector("canvas", timeout=120_000)
-                time.sleep(wait)
-                _colour_right_pane(page, wait)
+                deadline = time.monotonic() + wait
+                while time.monotonic() < deadline:
+                    panes = _panes(page)
+                    if len(panes) == 2 and all(any(p.colours.values()) for p in panes):
+                        break
+                    time.sleep(1.0)
+                time.sleep(2.0)  # the layout's animation
                 page.screenshot(path=str(png))
-                panes = _panes(page, Path(tmp))
+                panes = _panes(page)
                 browser.close()
         finally:
             server.terminate()
@@ -83,30 +99,14 @@ def capture(module: Path, png: Path, *, port: int = 8124, wait: float = 15.0,
     return panes
 
 
-def _colour_right_pane(page: Any, wait: float) -> None:
-    """Model Explorer applies node data to the pane open when it loads (the left one); the
-    right pane gets it when its graph is picked again: select the pane, pick another graph,
-    then the folded one (what the CLI tells a person to do)."""
-    page.get_by_text(f"| main{FOLDED}").first.click()
-    time.sleep(1.0)
-    for name in ("main", f"main{FOLDED}"):
-        page.get_by_text(" nodes").first.click()
-        time.sleep(1.5)
-        page.get_by_text(name, exact=True).last.click()
-        time.sleep(wait / 3)
-
-
-FOLDED = " (folded)"  # bnfold.viz.FOLDED_SUFFIX (this tool runs without importing bnfold)
-
-
-def _panes(page: Any, tmp: Path) -> list[tuple[str, dict[str, int]]]:
-    """Each graph canvas's pane title and colour counts (element screenshots, decoded by
-    the browser itself: no image library needed)."""
+def _panes(page: Any) -> list[Pane]:
+    """Each graph canvas's pane: its title, its colour counts (element screenshots,
+    decoded by the browser itself: no image library needed), and the node data runs
+    listed between it and the next pane (its side panel)."""
     import base64
 
-    found = []
+    graphs = []
     canvases = page.locator("canvas")
-    titles = page.get_by_text(" | main", exact=False)
     for i in range(canvases.count()):
         canvas = canvases.nth(i)
         box = canvas.bounding_box()
@@ -114,8 +114,16 @@ def _panes(page: Any, tmp: Path) -> list[tuple[str, dict[str, int]]]:
             continue  # not a graph (icons, minimaps)
         png = base64.b64encode(canvas.screenshot()).decode()
         counts = page.evaluate(_COUNT_JS, {"png": png, "colours": COLOURS})
-        title = titles.nth(len(found)).inner_text() if titles.count() > len(found) else ""
-        found.append((title.strip(), {name: int(n) for name, n in counts.items()}))
+        graphs.append((box["x"], {name: int(n) for name, n in counts.items()}))
+    titles = page.locator(".pane-title")
+    runs = page.locator(".run-name")
+    found = []
+    for k, (x, counts) in enumerate(graphs):
+        end = graphs[k + 1][0] if k + 1 < len(graphs) else float("inf")
+        title = titles.nth(k).inner_text().strip() if titles.count() > k else ""
+        names = [runs.nth(j).inner_text().strip() for j in range(runs.count())
+                 if x <= (runs.nth(j).bounding_box() or {"x": -1.0})["x"] < end]
+        found.append(Pane(title, counts, names))
     return found
 
 

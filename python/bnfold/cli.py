@@ -565,13 +565,12 @@ def _visualize(args: argparse.Namespace, options: FoldOptions, status: int = 0) 
     with viz.stdout_to_stderr():
         try:
             with viz.session(args.input, options=options) as view:
-                print(f"{PROG}: Model Explorer: the input (left) and the folded module "
-                      f"(right, its functions named NAME{viz.FOLDED_SUFFIX}) side by side in "
-                      f"{view.both.name}, node data 'bnfold' (temporary files in "
-                      f"{view.input.parent}, removed when the server stops)\n"
-                      f"{PROG}: legend: {viz.LEGEND}. Model Explorer colours the left pane "
-                      f"when it opens; to colour the right one, pick main{viz.FOLDED_SUFFIX} "
-                      f"again in its graph selector", file=sys.stderr)
+                print(f"{PROG}: Model Explorer: the input (left, {view.input.name}) and the "
+                      f"folded module (right, {view.shown.name}, its functions named "
+                      f"NAME{viz.FOLDED_SUFFIX}) side by side, each with its node data "
+                      f"'{viz.NODE_DATA_NAME}' (temporary files in {view.input.parent}, "
+                      f"removed when the server stops)\n"
+                      f"{PROG}: legend: {viz.LEGEND}", file=sys.stderr)
                 sys.stderr.flush()
                 viz.serve(view, port=args.visualize_port)
         except KeyboardInterrupt:

@@ -6,14 +6,20 @@
 Both remove their temporary copies of the two modules when the server stops
 (Ctrl+C, SIGTERM, or an error); `prepare` writes them where you say and keeps them.
 
-Starts Model Explorer's local server on localhost and opens the input (left) and
-the folded output (right) side by side: one module holds both, the output's
-functions renamed `NAME (folded)`, with `bnfold.overlay`'s node data on each
-("bnfold" in the node data panel). The legend is in the colours and in each
-value's first word: every op of a normalization green (FOLDED: into which
-producer, fold id, channels) or red (NOT FOLDED: the code, then the reason), the
-producers that absorbed folds blue (ABSORBED). The layers (jax.export's name
-scopes) that hold a marked op open expanded.
+Starts Model Explorer's local server and opens the input (left) and the folded
+output (right) side by side, each with `bnfold.overlay`'s node data applied when
+the page opens. They are two models: the input, and the output with its functions
+renamed `NAME (folded)` (Model Explorer renames a graph id that two models share,
+which would detach the node data). Each model is its own graph collection because
+Model Explorer loads remote node data once per collection, for the graph of that
+collection processed first, and selects it only in the pane that shows that graph:
+two panes of one collection left the right one uncoloured until its graph was
+picked again. The legend is in the colours, in the node data's name (the run shown
+in each pane's side panel) and in each value's first word: every op of a
+normalization green (FOLDED: into which producer, fold id, channels) or red (NOT
+FOLDED: the code, then the reason), the producers that absorbed folds blue
+(ABSORBED). The layers (jax.export's name scopes) that hold a marked op open
+expanded in both panes.
 """
 
 from __future__ import annotations
@@ -40,31 +46,34 @@ from bnfold.pipeline import Folded, FoldOptions, fold_source
 DEFAULT_PORT = 8080
 
 
-FOLDED_SUFFIX = " (folded)"  # the output's functions in the side-by-side module
+FOLDED_SUFFIX = " (folded)"  # the output's functions in the right pane
 LEGEND = ("green FOLDED (every op of a normalization that folded), red NOT FOLDED (every op "
           "of one that did not, with the code and the reason), blue ABSORBED (a producer "
           "that took folds)")
+# The name of bnfold's node data: each pane's side panel lists it, the legend on first sight
+# (short enough not to be cut off there at half of a 1800-pixel-wide window).
+NODE_DATA_NAME = "green FOLDED, red NOT FOLDED, blue ABSORBED"
 
 
 @dataclass(frozen=True)
 class View:
     """The files one Model Explorer view needs, in one directory."""
 
-    input: Path  # a copy of the input module, named <stem>.input.<ext>
+    input: Path  # a copy of the input module, <stem>.input.<ext>: the left pane
     output: Path  # the folded module, <stem>.folded.<ext>
-    input_overlay: Path
-    output_overlay: Path
-    # What Model Explorer opens: the input's functions and the output's, renamed
-    # NAME (folded), in one module (its app restores a split pane only within the
-    # first model it loads), and the node data of both.
-    both: Path  # <stem>.both.<ext>
-    both_overlay: Path
+    input_overlay: Path  # node data for `input`
+    output_overlay: Path  # node data for `output`
+    # The right pane: the folded module with its functions renamed NAME (folded) and its
+    # locations kept (they name the layers), <stem>.shown.<ext>, and its node data.
+    shown: Path
+    shown_overlay: Path
     ui_state: dict[str, Any]  # the two panes, and the layers to expand in each
+
 
 def prepare(source: str | Path, directory: str | Path | None = None,
             options: FoldOptions | None = None) -> View:
-    """Folds `source` and writes the two modules and their node data to
-    `directory` (a new temporary directory by default)."""
+    """Folds `source` and writes the modules and their node data to `directory` (a new
+    temporary directory by default)."""
     from bnfold import overlay
 
     source = Path(source)
@@ -73,62 +82,81 @@ def prepare(source: str | Path, directory: str | Path | None = None,
     where.mkdir(parents=True, exist_ok=True)
     ext = "mlirbc" if source.suffix == ".mlirbc" else "mlir"
     fmt: Format = "bytecode" if ext == "mlirbc" else "mlir"
-    before = overlay.input_overlay(folded.report)
-    after = folded.output_nodes or {}
-    with folded.context:
-        both, ui_state = _side_by_side(source, folded, before, after)
-        both_bytes = serialize(both, fmt, debug_info=True)  # the locations name the layers
-    both_overlay = before | {graph + FOLDED_SUFFIX: data for graph, data in after.items()}
+    before = _named(overlay.input_overlay(folded.report))
+    after = _named(folded.output_nodes or {})
     stem = where / source.stem
     view = View(Path(f"{stem}.input.{ext}"), Path(f"{stem}.folded.{ext}"),
                 Path(f"{stem}.input.nodedata.json"), Path(f"{stem}.folded.nodedata.json"),
-                Path(f"{stem}.both.{ext}"), Path(f"{stem}.both.nodedata.json"), ui_state)
+                Path(f"{stem}.shown.{ext}"), Path(f"{stem}.shown.nodedata.json"), {})
+    shown_overlay = {graph + FOLDED_SUFFIX: data for graph, data in after.items()}
+    with folded.context:
+        left = parse(source.read_bytes(), folded.context, name=str(source))
+        right = _renamed(folded, fmt)
+        shown_bytes = serialize(right, fmt, debug_info=True)  # the locations name the layers
+        entry = _entry(left)
+        right_entry = _entry(right, entry + FOLDED_SUFFIX)
+        view.ui_state.update(paneStates=[
+            _pane(view.input.name, entry, _layers(left, before), left=True),
+            _pane(view.shown.name, right_entry, _layers(right, shown_overlay), left=False)])
     shutil.copyfile(source, view.input)
     view.output.write_bytes(folded.serialize(fmt))
     view.input_overlay.write_text(json.dumps(before, indent=1))
     view.output_overlay.write_text(json.dumps(after, indent=1))
-    view.both.write_bytes(both_bytes)
-    view.both_overlay.write_text(json.dumps(both_overlay, indent=1))
+    view.shown.write_bytes(shown_bytes)
+    view.shown_overlay.write_text(json.dumps(shown_overlay, indent=1))
     return view
 
 
-def _side_by_side(source: Path, folded: Folded, before: dict[str, Any], after: dict[str, Any]
-                  ) -> tuple[ir.Module, dict[str, Any]]:
-    """The input module with the output's functions added as `NAME (folded)` (calls
-    retargeted), and Model Explorer's UI state: the entry function on the left, its
-    folded copy on the right, each with the layers that hold marked ops expanded."""
+def _named(node_data: dict[str, Any]) -> dict[str, Any]:
+    """`node_data` with each graph's entry named by the legend."""
+    return {graph: data | {"name": NODE_DATA_NAME} for graph, data in node_data.items()}
+
+
+def _renamed(folded: Folded, fmt: Format) -> ir.Module:
+    """A copy of the folded module (locations kept) with every function renamed
+    `NAME (folded)` and the calls retargeted."""
+    copy = parse(serialize(folded.module, fmt, debug_info=True), folded.context,
+                 name="<folded>")
+    renamed = {symbol_name(f): symbol_name(f) + FOLDED_SUFFIX for f in functions(copy)}
+    for func in functions(copy):
+        func.attributes["sym_name"] = ir.StringAttr.get(renamed[symbol_name(func)])
+    for call in calls(list(functions(copy))):
+        if callee_name(call) in renamed:
+            call.attributes["callee"] = ir.FlatSymbolRefAttr.get(renamed[callee_name(call)])
+    return copy
+
+
+def _layers(module: ir.Module, node_data: dict[str, Any]) -> dict[str, set[str]]:
+    """Per graph, Model Explorer's ids of the layers (the name scopes of the ops'
+    locations) that hold an op with node data."""
     from bnfold import overlay
 
-    both = parse(source.read_bytes(), folded.context, name=str(source))
-    renamed = {symbol_name(f): symbol_name(f) + FOLDED_SUFFIX for f in functions(folded.module)}
-    for func in functions(folded.module):
-        copy = func.clone(ir.InsertionPoint(both.body))
-        copy.attributes["sym_name"] = ir.StringAttr.get(renamed[symbol_name(func)])
-        for call in calls([copy]):
-            if callee_name(call) in renamed:
-                call.attributes["callee"] = ir.FlatSymbolRefAttr.get(renamed[callee_name(call)])
+    marked = {(graph, node) for graph, data in node_data.items() for node in data["results"]}
     layers: dict[str, set[str]] = {}
-    marked = {(graph, node) for graph, data in (before | {g + FOLDED_SUFFIX: d for g, d in after.items()}
-                                                ).items() for node in data["results"]}
-    for op, ref in overlay.nodes(both):
+    for op, ref in overlay.nodes(module):
         name = location_name(op.location) if ref in marked else None
         if name and "/" in name:  # Model Explorer's layer: the name scope around the op
             layers.setdefault(ref[0], set()).add(name.rsplit("/", 1)[0] + "___group___")
-    entry = "main" if "main" in renamed else next(iter(renamed), "main")
+    return layers
 
-    def pane(graph: str, left: bool) -> dict[str, Any]:
-        # Model Explorer restores the expanded layers of the first pane only; the second
-        # (the folded graph, the smaller one) shows every op without layers instead.
-        return {"deepestExpandedGroupNodeIds": sorted(layers.get(graph, ())), "selectedNodeId": "",
-                "selectedGraphId": graph, "selectedCollectionLabel": "", "widthFraction": 0.5,
-                "selected": left, "flattenLayers": not left}
 
-    return both, {"paneStates": [pane(entry, True), pane(renamed.get(entry, entry), False)]}
+def _entry(module: ir.Module, preferred: str = "main") -> str:
+    """The function a pane opens: `preferred` where the module has it, else the first."""
+    names = [symbol_name(f) for f in functions(module)]
+    return preferred if preferred in names or not names else names[0]
+
+
+def _pane(collection: str, graph: str, layers: dict[str, set[str]], left: bool
+          ) -> dict[str, Any]:
+    return {"deepestExpandedGroupNodeIds": sorted(layers.get(graph, ())), "selectedNodeId": "",
+            "selectedGraphId": graph, "selectedCollectionLabel": collection,
+            "widthFraction": 0.5, "selected": left, "flattenLayers": False}
 
 
 def config(view: View) -> Any:
-    """A Model Explorer config: the side-by-side module, its node data, and the UI state
-    (two panes, layers expanded) in the address the server opens."""
+    """A Model Explorer config: the two models, each with its node data (its own graph
+    collection: see the module docstring), and the UI state (two panes, layers expanded)
+    in the address the server opens."""
     model_explorer = _model_explorer()
     base = type(model_explorer.config())
 
@@ -139,8 +167,10 @@ def config(view: View) -> Any:
             return urllib.parse.quote(json.dumps(data))
 
     cfg = _Config()
-    cfg.add_model_from_path(str(view.both))
-    cfg.add_node_data_from_path(str(view.both_overlay), model_name=view.both.name)
+    cfg.add_model_from_path(str(view.input))
+    cfg.add_model_from_path(str(view.shown))
+    cfg.add_node_data_from_path(str(view.input_overlay), model_name=view.input.name)
+    cfg.add_node_data_from_path(str(view.shown_overlay), model_name=view.shown.name)
     return cfg
 
 
