@@ -649,3 +649,33 @@ func.func @main(%x: tensor<1x2x{dtype}>) -> tensor<1x1x{dtype}> {{
     assert numerics.relative_error(original, exact) < 1e-2  # the original keeps it
     assert numerics.relative_error(after, exact) < 1e-2, folded.report.to_json()
     assert {s.code for s in folded.report.skipped} == {"precision"}
+
+
+@pytest.mark.parametrize("size", [2, 8192])  # every weight checked; the large kernel's blocks
+def test_a_scale_above_one_half_can_still_flush_a_normal_weight(size):
+    """f32 weights 1.1 * tiny are normal; scaled by 0.75 they are subnormal, which XLA
+    flushes to zero. A scale above 1/2 cannot round a weight to zero in IEEE arithmetic,
+    but it can push one below the smallest normal number: the check must run for any
+    |scale| < 1, also for a kernel checked block by block. Judged on XLA against float64
+    of the original."""
+    tiny = float(np.finfo(np.float32).tiny)
+    weights = np.zeros((size, 1), np.float32)
+    weights[0, 0], weights[1, 0] = np.float32(1.1 * tiny), 1.0
+    body = np.array2string(weights, separator=", ", threshold=10**6,
+                           floatmode="unique").replace(chr(10), "")
+    text = f"""
+func.func @main(%x: tensor<1x{size}xf32>) -> tensor<1x1xf32> {{
+  %w = stablehlo.constant dense<{body}> : tensor<{size}x1xf32>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<1x{size}xf32>, tensor<{size}x1xf32>) -> tensor<1x1xf32>
+  %c = stablehlo.constant dense<0.75> : tensor<1x1xf32>
+  %r = stablehlo.multiply %y, %c : tensor<1x1xf32>
+  return %r : tensor<1x1xf32>
+}}
+"""
+    x = np.zeros((1, size), np.float32)
+    x[0, 0], x[0, 1] = 1e38, 1.0
+    exact = (x.astype(np.float64) @ weights.astype(np.float64)) * 0.75
+    folded = bnfold.fold_source(text)
+    original, after = outputs(text, [x]), outputs(folded.serialize().decode(), [x])
+    assert numerics.relative_error(original, exact) < 1e-5  # the original keeps the weight
+    assert numerics.relative_error(after, exact) < 1e-5, folded.report.to_json()

@@ -212,10 +212,12 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
     storage = out.dtype
     factor = factor.reshape((1,) * (kernel.ndim - factor.ndim) + factor.shape)
     narrow = np.dtype(effective) != np.dtype(storage)
-    # |K * s| > (smallest subnormal) / 2 whenever |s| > 1/2, so only a smaller
-    # scale can push a weight the original kept to zero.
-    small = bool((np.abs(factor) <= 0.5).any())
+    # Where subnormals are kept, |K * s| > (smallest subnormal) / 2 whenever |s| > 1/2, so
+    # only a smaller scale can round a weight the original kept to zero. Where XLA flushes
+    # them (rule 2), any |s| < 1 can push a normal weight below the smallest normal number.
     flushed = flushed_below(effective)
+    small = (_shrinks(factor) if flushed == smallest_normal(effective)
+             else bool((np.abs(factor) <= 0.5).any()))
 
     def block(index: tuple[slice, ...]) -> tuple[float, bool]:
         """(largest |weight|, NaN or inf when one is not finite; some weight became
