@@ -54,7 +54,7 @@ from bnfold.producers import InputScaleMap, Kernel
 from bnfold.quant import region
 from bnfold.quant.region import Region
 from bnfold.refusal import Code, Refusal
-from bnfold.report import Part, Section, Skip, columns, count, missed
+from bnfold.report import Part, Section, Skip, count
 from bnfold.rewriter import Rewriter
 
 if TYPE_CHECKING:

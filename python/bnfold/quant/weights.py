@@ -49,7 +49,7 @@ from bnfold.patterns.rewrite import bias_add
 from bnfold.quant import region
 from bnfold.quant.moments import Walk
 from bnfold.refusal import Code, Refusal
-from bnfold.report import Part, Section, Skip, columns, count, missed, parameter_path
+from bnfold.report import Part, Section, Skip, columns, count, parameter_path
 from bnfold.rewriter import Rewriter
 from bnfold.through import BiasAdds, bias_adds, mean_through
 
