@@ -195,6 +195,19 @@ def test_skip_func_takes_the_name_as_mlir_prints_it(tmp_path, argv):
     assert code == 0 and text is not None and KEPT not in text
 
 
+def test_a_name_with_escapes_as_mlir_prints_it_names_the_function():
+    """MLIR prints a backslash in a symbol as `\\` and a quote as `\\22`: the name copied from
+    its output (what --skip-func and skip-func= take) is the function's own name."""
+    from bnfold.ir import ir
+    from bnfold.schema import symbol
+
+    _, module = support.parse('func.func private @"a\\\\b\\22c"() { return }')
+    [func] = module.body.operations
+    printed = str(func).split("@", 1)[1].split("(", 1)[0]
+    assert printed == '"a\\\\b\\22c"'
+    assert symbol("@" + printed) == ir.StringAttr(func.attributes["sym_name"]).value == 'a\\b"c'
+
+
 @pytest.mark.parametrize("argv, where", [
     (["--skip-func", "lambda"], "bnfold-opt: --skip-func: error: "),
     (["--skip-func", "<lambda>", "--skip-func", "@helper"], "bnfold-opt: --skip-func: error: "),

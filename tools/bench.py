@@ -95,7 +95,9 @@ from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("fold", "scaling", "memory", "graph", "models", "inference", "stem")
-GENERATOR_VERSION = 1  # bump when the generated modules change
+# bump when the generated modules change (2: the max pool's -inf is typed, as downstream.py's
+# bf16 models need: one broadcast fewer)
+GENERATOR_VERSION = 2
 
 TARGETS = {
     "fold_text": 1.10,
@@ -198,7 +200,7 @@ def ensure_model(runner: Runner, workdir: Path, name: str, spec: dict[str, Any],
 
 def child_generate(payload: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
-    module_text, info = _lower(payload["spec"])
+    module_text, info = lower_model(payload["spec"])
     _write_atomically(Path(payload["text"]), module_text.encode())
     _write_atomically(Path(payload["bytecode"]), _to_bytecode(module_text))
     info["generation_s"] = round(time.perf_counter() - start, 1)
@@ -219,15 +221,22 @@ def _to_bytecode(text: str) -> bytes:
     return buf.getvalue()
 
 
-def _lower(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """Lowers the model described by `spec` to StableHLO text with jax."""
+def lower_model(spec: dict[str, Any], dtype: str = "f32", seed: int | None = None
+                ) -> tuple[str, dict[str, Any]]:
+    """Lowers the model described by `spec` to StableHLO text with jax: weights,
+    activations and batch norms in `dtype` ("f32", "bf16"); the random weights and
+    statistics drawn with `seed` (default: from the spec without its batch).
+    tools/downstream.py generates its ResNets here."""
     import jax
     import jax.numpy as jnp
     import numpy as np
     from jax import lax
 
-    rng = np.random.default_rng(zlib.crc32(json.dumps(
-        {k: v for k, v in spec.items() if k != "batch"}, sort_keys=True).encode()))
+    jdtype = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
+    if seed is None:
+        seed = zlib.crc32(json.dumps({k: v for k, v in spec.items() if k != "batch"},
+                                     sort_keys=True).encode())
+    rng = np.random.default_rng(seed)
     counts = {"params": 0, "conv_bn": 0}
 
     def conv_bn(cin: int, cout: int, k: int) -> dict[str, Any]:
@@ -240,9 +249,9 @@ def _lower(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         }
         counts["params"] += kernel.size + 4 * cout
         counts["conv_bn"] += 1
-        layer = {"k": jnp.asarray(kernel, jnp.float32)}
+        layer = {"k": jnp.asarray(kernel, jdtype)}
         # Flax keeps 1-D params and reshapes them to broadcast against NHWC.
-        layer.update({n: jnp.asarray(v, jnp.float32).reshape(1, 1, 1, cout)
+        layer.update({n: jnp.asarray(v, jdtype).reshape(1, 1, 1, cout)
                       for n, v in stats.items()})
         return layer
 
@@ -250,7 +259,7 @@ def _lower(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         y = lax.conv_general_dilated(x, layer["k"], (stride, stride), "SAME",
                                      dimension_numbers=("NHWC", "HWIO", "NHWC"))
         # flax.linen.normalization._normalize, inference mode.
-        mul = lax.rsqrt(layer["var"] + 1e-5) * layer["gamma"]
+        mul = lax.rsqrt(layer["var"] + jnp.asarray(1e-5, jdtype)) * layer["gamma"]
         return (y - layer["mean"]) * mul + layer["beta"]
 
     relu = jax.nn.relu
@@ -267,7 +276,7 @@ def _lower(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
         shape = (batch, spec["hw"], spec["hw"], c)
 
         def keras_bn(layer: dict[str, Any], y: Any) -> Any:
-            scale = lax.rsqrt(layer["var"] + 1e-3) * layer["gamma"]
+            scale = lax.rsqrt(layer["var"] + jnp.asarray(1e-3, jdtype)) * layer["gamma"]
             return y * scale + (layer["beta"] - layer["mean"] * scale)
 
         def model(x: Any) -> Any:
@@ -312,7 +321,8 @@ def _lower(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
 
         def model(x: Any) -> Any:
             x = relu(apply(stem, x, 2))
-            x = lax.reduce_window(x, -jnp.inf, lax.max, (1, 3, 3, 1), (1, 2, 2, 1), "SAME")
+            x = lax.reduce_window(x, jnp.asarray(-jnp.inf, jdtype), lax.max, (1, 3, 3, 1),
+                                  (1, 2, 2, 1), "SAME")
             for blocks in stages:
                 for convs, proj, stride in blocks:
                     y = x
@@ -326,7 +336,7 @@ def _lower(spec: dict[str, Any]) -> tuple[str, dict[str, Any]]:
                     x = relu(y + shortcut)
             return jnp.mean(x, axis=(1, 2))
 
-    text = jax.jit(model).lower(jax.ShapeDtypeStruct(shape, jnp.float32)).as_text()
+    text = jax.jit(model).lower(jax.ShapeDtypeStruct(shape, jdtype)).as_text()
     header = re.search(r"func\.func public @main\(([^)]*)\)", text)
     if header is None or header.group(1).count("%arg") != 1:
         raise RuntimeError("generated module's @main must take the input only (parameters "

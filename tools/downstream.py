@@ -103,68 +103,16 @@ def log(message: str) -> None:
 
 def generate_resnet(arch: dict[str, Any], batch: int, dtype: str) -> str:
     """A ResNet backbone lowered with plain jax (parameters closed over, so they
-    lower to constants and `@main` takes the image only), as StableHLO text."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-    from jax import lax
+    lower to constants and `@main` takes the image only), as StableHLO text: tools/bench.py's
+    generator, in `dtype`, its weights drawn from `arch` alone (every batch the same)."""
+    tools = str(Path(__file__).resolve().parent)
+    if tools not in sys.path:  # loaded by path (the tests), not run from tools/
+        sys.path.insert(0, tools)
+    from bench import lower_model
 
-    jdtype = {"f32": jnp.float32, "bf16": jnp.bfloat16}[dtype]
-    rng = np.random.default_rng(zlib.crc32(json.dumps(arch, sort_keys=True).encode()))
-
-    def conv_bn(cin: int, cout: int, k: int) -> dict[str, Any]:
-        kernel = rng.standard_normal((k, k, cin, cout)) * math.sqrt(2.0 / (k * k * cin))
-        stats = {"mean": rng.normal(0.0, 0.3, cout), "var": rng.uniform(0.5, 2.0, cout),
-                 "gamma": rng.uniform(0.5, 1.5, cout), "beta": rng.normal(0.0, 0.3, cout)}
-        layer = {"k": jnp.asarray(kernel, jdtype)}
-        layer.update({n: jnp.asarray(v, jdtype).reshape(1, 1, 1, cout) for n, v in stats.items()})
-        return layer
-
-    def apply(layer: dict[str, Any], x: Any, stride: int = 1) -> Any:
-        y = lax.conv_general_dilated(x, layer["k"], (stride, stride), "SAME",
-                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
-        # flax.linen.normalization._normalize, inference mode.
-        mul = lax.rsqrt(layer["var"] + jnp.asarray(1e-5, jdtype)) * layer["gamma"]
-        return (y - layer["mean"]) * mul + layer["beta"]
-
-    relu = jax.nn.relu
-    stem = conv_bn(3, arch["stem"], 7)
-    stages = []
-    cin = arch["stem"]
-    for s, (width, nblocks) in enumerate(zip(arch["widths"], arch["blocks"])):
-        blocks = []
-        for b in range(nblocks):
-            stride = 2 if (s > 0 and b == 0) else 1
-            if arch["block"] == "bottleneck":
-                cout = 4 * width
-                convs = [conv_bn(cin, width, 1), conv_bn(width, width, 3), conv_bn(width, cout, 1)]
-            else:
-                cout = width
-                convs = [conv_bn(cin, width, 3), conv_bn(width, cout, 3)]
-            proj = conv_bn(cin, cout, 1) if (stride != 1 or cin != cout) else None
-            blocks.append((convs, proj, stride))
-            cin = cout
-        stages.append(blocks)
-
-    def model(x: Any) -> Any:
-        x = relu(apply(stem, x, 2))
-        x = lax.reduce_window(x, jnp.asarray(-jnp.inf, jdtype), lax.max, (1, 3, 3, 1),
-                              (1, 2, 2, 1), "SAME")
-        for blocks in stages:
-            for convs, proj, stride in blocks:
-                y = x
-                for i, layer in enumerate(convs):
-                    # ResNet v1.5: the stride is on the 3x3 conv of a bottleneck.
-                    is_strided = (i == 1) if len(convs) == 3 else (i == 0)
-                    y = apply(layer, y, stride if is_strided else 1)
-                    if i < len(convs) - 1:
-                        y = relu(y)
-                shortcut = apply(proj, x, stride) if proj is not None else x
-                x = relu(y + shortcut)
-        return jnp.mean(x, axis=(1, 2))
-
-    shape = (batch, arch["hw"], arch["hw"], 3)
-    return jax.jit(model).lower(jax.ShapeDtypeStruct(shape, jdtype)).as_text()
+    seed = zlib.crc32(json.dumps(arch, sort_keys=True).encode())
+    text, _ = lower_model({"kind": "resnet", **arch, "batch": batch}, dtype, seed)
+    return text
 
 
 def model_label(name: str, size: str) -> str:

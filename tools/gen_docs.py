@@ -52,7 +52,6 @@ MEANINGS = {
     "no-statistics": "no batch-norm statistics describe the value (bias correction's E[x], "
                      "a bound for high-bias absorption)",
     "already-balanced": "already equalized: every scale within 0.1% of 1",
-    "skipped-function": "a function left alone (--skip-func)",
 }
 
 

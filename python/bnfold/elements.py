@@ -90,6 +90,14 @@ def tensor_type(value_or_type: ir.Value | ir.Type) -> ir.RankedTensorType | None
     return ty
 
 
+def float_dtype(value_or_type: ir.Value | ir.Type) -> np.dtype | None:
+    """The numpy dtype of a static float tensor, or None (another element type, dynamic)."""
+    ty = tensor_type(value_or_type)
+    if ty is None or not is_float(ty.element_type):
+        return None
+    return numpy_dtype(ty.element_type)
+
+
 def ranked_type(value_or_type: ir.Value | ir.Type) -> ir.RankedTensorType | None:
     """The ranked tensor type (static or with symbolic dimensions), or None."""
     ty = value_or_type.type if isinstance(value_or_type, ir.Value) else value_or_type

@@ -175,10 +175,7 @@ def _wide_source(owner: ir.Operation | None, compute: np.dtype) -> ir.Value | No
     """The operand of `convert(x)` when x is a float type at least as precise as `compute`."""
     if owner is None or owner.name != "stablehlo.convert":
         return None
-    ty = elements.tensor_type(owner.operands[0])
-    if ty is None or not elements.is_float(ty.element_type):
-        return None
-    dtype = elements.numpy_dtype(ty.element_type)
+    dtype = elements.float_dtype(owner.operands[0])
     if dtype is None or precision.is_narrower(dtype, compute):
         return None
     return owner.operands[0]

@@ -52,7 +52,6 @@ class Code(enum.Enum):
     BALANCED = "already-balanced"
     LIMIT = "limit"  # a size limit (huge splats, too many region ops, call depth)
     QUANTIZED = "quantized-kernel"  # integer weights (--quantize-weights) would become floats
-    SKIPPED = "skipped-function"
     # Constant scales (fold-scale).
     SHARED_WEIGHT = "shared-weight"  # the weight is also read elsewhere (tied): a copy
     NORMALIZED = "normalized"  # a normalization would undo the scale, and no weight follows it

@@ -170,6 +170,10 @@ class Section:
     # answers `Report` attributes and JSON keys (`"equalized", "not_equalized",
     # "equalize"`), for the common case; None: the section says itself.
     keys: tuple[str, str, str] | None = None
+    # with `keys`, the text table: its header (one `row` per record), and the column
+    # that names what each refusal left alone ("layers", a refused set's)
+    header: tuple[str, ...] = ()
+    refused_column: str = "op"
 
     def attributes(self, part: Part) -> dict[str, Any]:
         """`Report` attributes this section answers (`report.equalized`, ...)."""
@@ -186,7 +190,22 @@ class Section:
                 refused: [s.to_json() for s in part.refused]}
 
     def table(self, part: Part) -> list[str]:
-        """The text report's lines of this section (none: no table)."""
+        """The text report's lines of this section (none: no table). With `keys` and a
+        `header`: the records' table and its `notes` (or `nothing equalized`), then the
+        numbered refusals (`not equalized`)."""
+        if self.keys is None or not self.header:
+            return []
+        records, refused, _ = self.keys
+        lines = columns([self.header, *map(self.row, part.records)]) + self.notes(part) \
+            if part.records else [f"nothing {records}"]
+        return lines + missed(refused.replace("_", " "), self.refused_column, part.refused)
+
+    def row(self, record: Any) -> tuple[str, ...]:
+        """A record's row of the text table, under `header`."""
+        raise NotImplementedError
+
+    def notes(self, part: Part) -> list[str]:
+        """Lines after the records' table."""
         return []
 
     def summary(self, part: Part) -> str:

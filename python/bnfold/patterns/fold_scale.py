@@ -410,10 +410,7 @@ def _rounded_in(ctx: Context, root: ir.Operation, dtype: np.dtype) -> np.dtype:
     user = ctx.analysis.sole_live_user(root.results[0])
     if user is None or user.name != "stablehlo.convert":
         return dtype
-    ty = elements.tensor_type(user.results[0])
-    if ty is None or not elements.is_float(ty.element_type):
-        return dtype
-    narrow = elements.numpy_dtype(ty.element_type)
+    narrow = elements.float_dtype(user.results[0])
     return narrow if narrow is not None and precision.is_narrower(narrow, dtype) else dtype
 
 

@@ -54,7 +54,7 @@ from bnfold.producers import InputScaleMap, Kernel
 from bnfold.quant import region
 from bnfold.quant.region import Region
 from bnfold.refusal import Code, Refusal
-from bnfold.report import Part, Section, Skip, columns, count, missed
+from bnfold.report import Part, Section, Skip, count
 from bnfold.rewriter import Rewriter
 
 if TYPE_CHECKING:
@@ -88,14 +88,6 @@ class Pair:
 
 
 @dataclass(frozen=True)
-class Refused:
-    """A layer 1 that cannot be equalized with the layer after it, and why."""
-
-    op: ir.Operation
-    refusal: Refusal
-
-
-@dataclass(frozen=True)
 class Link:
     """A pair as planned: its scales and the new constants of the region between."""
 
@@ -119,17 +111,18 @@ class SetPlan:
 # --- match: pairs and the sets they link into -----------------------------------------------
 
 
-def find_pairs(ctx: Context, ops: list[ir.Operation]) -> tuple[list[Pair], list[Refused]]:
-    """Every pair of consecutive layers with layer 1 among `ops`, and refusals."""
+def find_pairs(ctx: Context, ops: list[ir.Operation]) -> tuple[list[Pair], dict[int, Refusal]]:
+    """Every pair of consecutive layers with layer 1 among `ops`, and why each other layer 1
+    that has a next producer pairs with none (by `op_id`)."""
     layers: dict[int, Layer | Refusal] = {}  # each kernel read once per run
     pairs: list[Pair] = []
-    refused: list[Refused] = []
+    refused: dict[int, Refusal] = {}
     for op in ops:
         found = pair(op, ctx, layers)
         if isinstance(found, Pair):
             pairs.append(found)
         elif isinstance(found, Refusal):
-            refused.append(Refused(op, found))
+            refused[op_id(op)] = found
     return pairs, refused
 
 
@@ -459,8 +452,7 @@ class Survey:
     def _survey(self) -> tuple[dict[int, list[Pair]], dict[int, Refusal]]:
         if self._found is None:
             pairs, refused = find_pairs(self._ctx, self._ops)
-            self._found = ({op_id(s[0].first.op): s for s in link_sets(pairs)},
-                           {op_id(r.op): r.refusal for r in refused})
+            self._found = ({op_id(s[0].first.op): s for s in link_sets(pairs)}, refused)
         return self._found
 
     def set_headed_by(self, op: ir.Operation) -> list[Pair] | None:
@@ -582,21 +574,13 @@ class EqualizedSets(Section):
     statistics = True
     prefix = "eq"
     keys = ("equalized", "not_equalized", "equalize")
+    header = ("set", "kind", "layers", "range ratio before -> after")
+    refused_column = "layers"
 
-
-    def table(self, part: Part) -> list[str]:
-        equalized: list[Equalized] = part.records
-        lines: list[str] = []
-        if equalized:
-            rows = [("set", "kind", "layers", "range ratio before -> after")]
-            rows += [(e.id, e.kind, " -> ".join(e.layers),
-                      ", ".join(f"{b:.3g}->{a:.3g}" for b, a in
-                                zip(e.range_ratio_before, e.range_ratio_after, strict=True)))
-                     for e in equalized]
-            lines += columns(rows)
-        else:
-            lines.append("nothing equalized")
-        return lines + missed("not equalized", "layers", part.refused)
+    def row(self, record: Equalized) -> tuple[str, ...]:
+        return (record.id, record.kind, " -> ".join(record.layers),
+                ", ".join(f"{b:.3g}->{a:.3g}" for b, a in
+                          zip(record.range_ratio_before, record.range_ratio_after, strict=True)))
 
     def summary(self, part: Part) -> str:
         equalized: list[Equalized] = part.records

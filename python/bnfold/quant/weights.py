@@ -49,7 +49,7 @@ from bnfold.patterns.rewrite import bias_add
 from bnfold.quant import region
 from bnfold.quant.moments import Walk
 from bnfold.refusal import Code, Refusal
-from bnfold.report import Part, Section, Skip, columns, count, missed, parameter_path
+from bnfold.report import Part, Section, Skip, columns, count, parameter_path
 from bnfold.rewriter import Rewriter
 from bnfold.through import BiasAdds, bias_adds, mean_through
 
@@ -560,23 +560,17 @@ class QuantizedWeights(Section):
     statistics = True
     prefix = "q"
     keys = ("quantized", "not_quantized", "quantize")
+    header = ("weight", "producer", "bits", "granularity", "weight SQNR dB", "bias correction")
+    refused_column = "producer"
 
+    def row(self, record: Quantized) -> tuple[str, ...]:
+        return (record.id, record.producer, str(record.bits), record.granularity,
+                f"{record.weight_sqnr_db:.1f}", _correction_text(record.bias_correction))
 
-    def table(self, part: Part) -> list[str]:
-        quantized: list[Quantized] = part.records
-        lines: list[str] = []
-        if quantized:
-            rows = [("weight", "producer", "bits", "granularity", "weight SQNR dB",
-                     "bias correction")]
-            rows += [(q.id, q.producer, str(q.bits), q.granularity, f"{q.weight_sqnr_db:.1f}",
-                      _correction_text(q.bias_correction)) for q in quantized]
-            lines += columns(rows)
-            notes = [(q.id, q.note) for q in quantized if q.note]
-            if notes:
-                lines += [""] + columns([("weight", "note")] + notes)
-        else:
-            lines.append("nothing quantized")
-        return lines + missed("not quantized", "producer", part.refused)
+    def notes(self, part: Part) -> list[str]:
+        """Each weight whose scale was raised to the smallest normal number, and why."""
+        notes = [(q.id, q.note) for q in part.records if q.note]
+        return [""] + columns([("weight", "note"), *notes]) if notes else []
 
     def summary(self, part: Part) -> str:
         quantized: list[Quantized] = part.records
