@@ -1541,7 +1541,7 @@ def torchvision_downstream_cases(models: list[str], batches: list[int], dtypes: 
             raise AssertionError(f"{key}: {len(bns)} BatchNorm2d layers, expected {nbn}")
         nprod = sum(1 for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear))
 
-        def calibrate(bn, inputs):
+        def calibrate(bn, inputs, st=st):
             x = inputs[0].detach().double()
             mean, var = x.mean(dim=(0, 2, 3)), x.var(dim=(0, 2, 3), unbiased=False)
             var = torch.clamp(var, min=float(0.05 * var.mean() + 1e-3))
