@@ -16,6 +16,8 @@ Models (``--only`` takes these names, comma-separated; the file is ``<name>.mlir
 
     hf_llama_tied / hf_llama_untied   LlamaForCausalLM, RMSNorm, RoPE, GQA (4 heads, 2 KV
                                       heads), SwiGLU; LM head tied to the embedding, or not
+    hf_llama_sdpa                     hf_llama_untied with attn_implementation="sdpa" (HF's
+                                      default; torchax's own lowering of the fused attention)
     hf_mistral                        MistralForCausalLM (Llama's layout, sliding window)
     hf_qwen3                          Qwen3ForCausalLM: QK-norm (an RMSNorm on each head's
                                       q and k before RoPE), tied head
@@ -44,7 +46,8 @@ Models (``--only`` takes these names, comma-separated; the file is ``<name>.mlir
                                       the parameters first, as one flattened pytree, then the input)
 
 HF attention runs with ``attn_implementation="eager"`` (the explicit ``q @ k^T * scaling``
-that every exporter sees when it traces HF's eager path; sdpa hides the scale in a fused op).
+of HF's eager path), except hf_llama_sdpa (HF's default, sdpa: torchax lowers
+``scaled_dot_product_attention`` with its own jax code).
 Every norm's affine is random, so nothing folds trivially: gamma ~ U(0.5, 1.5) and
 beta ~ N(0, 0.3) (Gemma stores w of ``1 + w``: w ~ N(0, 0.3)); DINOv2's and ConvNeXt's layer
 scales ~ U(0.5, 1.5); linear biases ~ N(0, 0.1). Weights come from the library's (seeded)
@@ -336,7 +339,7 @@ def _hf_lm(name, cls_name, config_name, sz: Sizes, desc, gemma=False, **config):
         vocab_size=sz.vocab, hidden_size=sz.hidden, intermediate_size=sz.intermediate,
         num_hidden_layers=sz.layers, num_attention_heads=sz.heads,
         num_key_value_heads=sz.kv_heads, max_position_embeddings=4 * sz.seq,
-        attn_implementation="eager", **config)
+        **{"attn_implementation": "eager", **config})
     lm = getattr(transformers, cls_name)(cfg).eval()
     randomize(lm, name, gemma=gemma)
     return lm, cfg
@@ -518,6 +521,11 @@ def hf_cases(sz: Sizes) -> dict[str, Callable[[], Case]]:
     return {
         "hf_llama_tied": llama(True),
         "hf_llama_untied": llama(False),
+        "hf_llama_sdpa": lambda: lm_case(
+            "hf_llama_sdpa", "LlamaForCausalLM", "LlamaConfig", sz,
+            f"LlamaForCausalLM as hf_llama_untied but attn_implementation='sdpa' (HF's default: "
+            "torch's scaled_dot_product_attention, which torchax lowers itself)",
+            tie_word_embeddings=False, attn_implementation="sdpa"),
         "hf_mistral": lambda: lm_case(
             "hf_mistral", "MistralForCausalLM", "MistralConfig", sz,
             f"MistralForCausalLM, hidden {sz.hidden}, {sz.layers} layers, sliding window "
@@ -946,13 +954,21 @@ VERDICTS: list[tuple[str, str, str, str, str]] = [
      "stem LayerNorm2d: its value is the first block's residual stream"),
     (".", "embedding scale", ".", "gap",
      "no decision at all: torchax's embedding is `call @_take` (gather + select with a NaN "
-     "fill for out-of-range ids), which fold-scale does not walk through; the table is tied "
+     "fill for out-of-range ids; still a call after folding), which fold-scale apparently "
+     "does not walk through; the table is tied "
      "to the LM head, so it needs the issue's rearrangement (scale the table, 1/scale into "
      "the final norm's weight) or a shared-weight refusal with its cost"),
+    (r"tv_vit", "attention scale", ".", "gap",
+     "nn.MultiheadAttention -> torch's sdpa math: q * d^-1/4 and k^T * d^-1/4 (two scalar "
+     "multiplies, product 1/sqrt(d)), q and k slices of the fused in_proj output; the scale "
+     "belongs in the q (and k) columns of the fused kernel and bias; no decision recorded "
+     "for either multiply (GPT-2's same shape gets `users`)"),
+    (r"tv_swin", "attention scale", ".", "gap",
+     "q * head_dim^-0.5 on the q slice of the fused qkv Linear (through reshape/permute); the "
+     "scale belongs in the q columns of the fused kernel and bias; no decision recorded"),
     (".", "attention scale", ".", "gap",
-     "fused QKV projection (GPT-2 c_attn, nn.MultiheadAttention in_proj, Swin qkv): q is a "
-     "slice of one linear's output, so the scale belongs in the q columns of the fused "
-     "kernel (and bias) only"),
+     "fused QKV projection (GPT-2 c_attn): q is a slice of one linear's output, so the scale "
+     "belongs in the q columns of the fused kernel (and bias) only; refused as `users`"),
 ]
 
 
@@ -1012,7 +1028,8 @@ def summary(coverage: dict) -> list[str]:
               "- Numerics: every folded module matches its original within the type's tolerance. "
               "Against float64, the folded error is at most 1.5x the original's plus one ulp "
               "everywhere; above 1.2x: " + (", ".join(worse) if worse else "none") +
-              " (all at the 1e-7 level, one f32 ulp).", ""]
+              " (f32 ones at the 1e-7 level, about one f32 ulp; bf16 ones within one bf16 "
+              "ulp, 2^-7; one seed each, so partly noise).", ""]
     return lines
 
 
