@@ -523,7 +523,7 @@ def hf_cases(sz: Sizes) -> dict[str, Callable[[], Case]]:
         "hf_llama_untied": llama(False),
         "hf_llama_sdpa": lambda: lm_case(
             "hf_llama_sdpa", "LlamaForCausalLM", "LlamaConfig", sz,
-            f"LlamaForCausalLM as hf_llama_untied but attn_implementation='sdpa' (HF's default: "
+            "LlamaForCausalLM as hf_llama_untied but attn_implementation='sdpa' (HF's default: "
             "torch's scaled_dot_product_attention, which torchax lowers itself)",
             tie_word_embeddings=False, attn_implementation="sdpa"),
         "hf_mistral": lambda: lm_case(
