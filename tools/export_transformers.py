@@ -1024,7 +1024,9 @@ def summary(coverage: dict) -> list[str]:
               f"addmm as `beta * c + alpha * (a @ b)`; bnfold folds these multiplies by 1 into "
               f"the linear before them as `affine` folds (harmless, exact, but they inflate the "
               f"report's counts: {sum(trivial.values())} over {len(trivial)} models). A "
-              f"multiply by exactly 1 could be dropped instead.",
+              f"multiply by exactly 1 could be dropped instead. The same multiply is what "
+              f"`nonlinear-consumer` names for BERT's and ConvNeXt's residual adds "
+              f"(`stablehlo.multiply at .../aten::add.Tensor/mul`), not the add itself.",
               "- Numerics: every folded module matches its original within the type's tolerance. "
               "Against float64, the folded error is at most 1.5x the original's plus one ulp "
               "everywhere; above 1.2x: " + (", ".join(worse) if worse else "none") +
@@ -1080,8 +1082,15 @@ def write_markdown(directory: Path, coverage: dict, entries: list[dict]) -> None
             tot[1] += r["norms_total"]
             tot[2] += r["scales_folded"]
             tot[3] += r["scales_total"]
+    genuine = [0, 0]
+    for model, r in coverage.items():
+        for miss in r.get("misses", []):
+            if not model.endswith("_args") and verdict(model, miss)[0] == "genuine":
+                genuine[miss["what"] != "norm"] += 1
     lines += ["", f"Totals without the `_args` variants: norms {tot[0]}/{tot[1]}, scales "
-              f"{tot[2]}/{tot[3]}.", ""]
+              f"{tot[2]}/{tot[3]}; of the foldable ones (less the misses judged genuine below: "
+              f"{genuine[0]} norms, {genuine[1]} scales): norms {tot[0]}/{tot[1] - genuine[0]}, "
+              f"scales {tot[2]}/{tot[3] - genuine[1]}.", ""]
     lines += ["## Misses", "",
               "Verdict `gap`: bnfold could fold it exactly (or must say more); `genuine`: not "
               "foldable, the refusal is right (a `report gap` note says where its reason "
