@@ -72,10 +72,17 @@ Full-size models for tools/downstream.py (``--downstream MODELS``, written to
 never into testdata): keras.applications ResNet50, MobileNetV2 and EfficientNetB0
 (weights=None, include_top, no classifier activation) at ``--resolution`` (224) for
 every ``--batch`` (1,32) and ``--dtype`` (f32; bf16: the whole model in bfloat16),
-exported with jax.export, e.g.
+exported with jax.export; and torchvision.models resnet50, mobilenet_v2 and efficientnet_b0
+(``torchvision_resnet50``, ``torchvision_mobilenetv2``, ``torchvision_efficientnetb0``:
+weights=None, eval, NCHW, through torchax; files ``torchax_<model>_...``), e.g.
 
     python tools/export_testdata.py --downstream keras_resnet50,keras_mobilenetv2 --dtype f32,bf16
+    python tools/export_testdata.py --downstream torchvision_resnet50 --batch 1 --dtype f32
     python tools/downstream.py $TMPDIR/bnfold-downstream-exports/*.mlir
+
+The torchvision ones need torch, torchvision and torchax only (no keras); they were run with
+torch 2.14.1 / torchvision 0.29.1 / jax 0.10.2 (Python 3.11) and are meant to run with torch
+2.11 / jax 0.11 (Python 3.12) too: the torchax shim above only acts where an op is missing.
 
 Run time on 2 CPU cores: about 1 minute (55-80 s) for everything (most of it imports, MobileNetV2
 and verification).
@@ -84,6 +91,7 @@ and verification).
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import os
@@ -1075,7 +1083,10 @@ def keras_cases() -> Iterator[Case]:
 
 
 def _import_torchax():
-    """Import torchax, shimming the Dimname overloads torch 2.13 no longer has (see docstring)."""
+    """Import torchax, shimming the aten ops and overloads newer torch no longer has (see
+    the docstring): torch 2.13 - 2.14 lack named-tensor overloads such as
+    ``aten::prod.dim_Dimname``, torch 2.14 whole ops such as ``aten::cholesky``, which
+    torchax 0.0.13's tables name. Torch versions that have them (2.11) import unshimmed."""
     import torch
     import torch._ops as torch_ops
 
@@ -1084,7 +1095,8 @@ def _import_torchax():
 
         return torch, torchax
     except AttributeError as e:
-        if "dimname" not in str(e).lower():
+        text = str(e).lower()
+        if "dimname" not in text and "'aten' object has no attribute" not in text:
             raise
     for mod in [m for m in sys.modules if m == "torchax" or m.startswith("torchax.")]:
         del sys.modules[mod]
@@ -1099,6 +1111,11 @@ def _import_torchax():
         def __call__(self, *args, **kwargs):
             raise NotImplementedError(f"{self.name} does not exist in torch {torch.__version__}")
 
+        def __getattr__(self, key):  # a missing op's overloads (.default, .out, ...)
+            if key.startswith("__"):
+                raise AttributeError(key)
+            return _MissingOverload(f"{self.name}.{key}")
+
     original = torch_ops.OpOverloadPacket.__getattr__
 
     def getattr_with_shim(self, key):
@@ -1112,7 +1129,25 @@ def _import_torchax():
     # Stays installed: torchax looks up more such overloads lazily (decompositions load on
     # first use). It only changes lookups that would otherwise raise AttributeError.
     torch_ops.OpOverloadPacket.__getattr__ = getattr_with_shim
-    import torchax
+    # Whole ops: only while torchax imports and loads its op tables (default_env()), and
+    # only in aten, so that `hasattr(torch.ops.aten, name)` tells the truth afterwards.
+    namespace_getattr = torch_ops._OpNamespace.__getattr__
+
+    def namespace_getattr_with_shim(self, op_name):
+        try:
+            return namespace_getattr(self, op_name)
+        except AttributeError:
+            if self.name != "aten" or op_name.startswith("__"):
+                raise
+            return _MissingOverload(f"aten::{op_name}")
+
+    torch_ops._OpNamespace.__getattr__ = namespace_getattr_with_shim
+    try:
+        import torchax
+
+        torchax.default_env()
+    finally:
+        torch_ops._OpNamespace.__getattr__ = namespace_getattr
 
     return torch, torchax
 
@@ -1461,12 +1496,92 @@ DOWNSTREAM_MODELS = {
     "keras_resnet50": ("ResNet50", 53, "keras.applications.ResNet50"),
     "keras_mobilenetv2": ("MobileNetV2", 52, "keras.applications.MobileNetV2(alpha=1.0)"),
     "keras_efficientnetb0": ("EfficientNetB0", 49, "keras.applications.EfficientNetB0"),
+    # torchvision through torchax (NCHW; files torchax_<model>_...)
+    "torchvision_resnet50": ("resnet50", 53, "torchvision.models.resnet50"),
+    "torchvision_mobilenetv2": ("mobilenet_v2", 52, "torchvision.models.mobilenet_v2"),
+    "torchvision_efficientnetb0": ("efficientnet_b0", 49, "torchvision.models.efficientnet_b0"),
 }
 DEFAULT_DOWNSTREAM_OUT = Path(os.environ.get("TMPDIR", "/tmp")) / "bnfold-downstream-exports"
 
 
 def downstream_cases(models: list[str], batches: list[int], dtypes: list[str],
                      resolution: int) -> Iterator[Case]:
+    """The keras_* models (keras_downstream_cases), then the torchvision_* ones
+    (torchvision_downstream_cases)."""
+    keras_models = [m for m in models if m.startswith("keras_")]
+    tv_models = [m for m in models if m.startswith("torchvision_")]
+    if keras_models:
+        yield from keras_downstream_cases(keras_models, batches, dtypes, resolution)
+    if tv_models:
+        yield from torchvision_downstream_cases(tv_models, batches, dtypes, resolution)
+
+
+def torchvision_downstream_cases(models: list[str], batches: list[int], dtypes: list[str],
+                                 resolution: int) -> Iterator[Case]:
+    """torchvision.models resnet50, mobilenet_v2 and efficientnet_b0 (weights=None, eval,
+    NCHW) through torchax, exported with jax.export, the parameters closed over. As for
+    the keras models, every BatchNorm2d's running statistics are calibrated on a random
+    batch (each layer sees the calibrated layers before it: a forward pre-hook sets its
+    statistics from its actual input, then it runs) and perturbed, mean = m + N(0, 0.5) s,
+    var = s^2 U(0.5, 2.0); gamma and beta random (Stats); conv biases random. bf16 is the
+    whole model `.to(torch.bfloat16)`, its error against the f32 model's torch eager output
+    reported, not checked. Works with torch 2.11 - 2.14 and torchax 0.0.13 (the import
+    shim only acts where torch lacks an op torchax names)."""
+    torch, torchax = _import_torchax()
+    import torchvision
+    from torch import nn
+
+    for key in models:
+        ctor, nbn, desc = DOWNSTREAM_MODELS[key]
+        st = Stats(f"downstream/{key}")
+        torch.manual_seed(zlib.crc32(key.encode()) & 0xFFFF)
+        model = getattr(torchvision.models, ctor)(weights=None).eval()
+        bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+        if len(bns) != nbn:
+            raise AssertionError(f"{key}: {len(bns)} BatchNorm2d layers, expected {nbn}")
+        nprod = sum(1 for m in model.modules() if isinstance(m, nn.Conv2d | nn.Linear))
+
+        def calibrate(bn, inputs, st=st):
+            x = inputs[0].detach().double()
+            mean, var = x.mean(dim=(0, 2, 3)), x.var(dim=(0, 2, 3), unbiased=False)
+            var = torch.clamp(var, min=float(0.05 * var.mean() + 1e-3))
+            c = bn.num_features
+            bn.running_mean.copy_((mean + torch.from_numpy(st.mean(c)).double() * var.sqrt()).float())
+            bn.running_var.copy_((var * torch.from_numpy(st.var(c)).double()).float())
+            bn.weight.copy_(torch.from_numpy(st.gamma(c)))
+            bn.bias.copy_(torch.from_numpy(st.beta(c)))
+
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, nn.Conv2d) and m.bias is not None:
+                    m.bias.copy_(torch.from_numpy(st.bias(m.bias.shape)))
+            hooks = [bn.register_forward_pre_hook(calibrate) for bn in bns]
+            model(torch.from_numpy(st.input((4, 3, resolution, resolution))))
+            for h in hooks:
+                h.remove()
+        for dtype in dtypes:
+            typed = model if dtype == "f32" else copy.deepcopy(model).to(torch.bfloat16).eval()
+            params, jax_fn = torchax.extract_jax(typed)
+            fn = lambda x, params=params, jax_fn=jax_fn: jax_fn(params, (x,))
+            for batch in batches:
+                x = st.input((batch, 3, resolution, resolution))
+                with torch.no_grad():
+                    reference = model(torch.from_numpy(x)).numpy()
+                if dtype == "bf16":
+                    import jax.numpy as jnp
+
+                    x = x.astype(jnp.bfloat16)
+                yield Case(
+                    f"{key.split('_', 1)[1]}_{resolution}_b{batch}_{dtype}_nchw",
+                    "torchax", "NCHW", nbn, nprod, "export",
+                    f"{desc}(weights=None).eval() through torchax, {resolution}x{resolution}, "
+                    f"{dtype}, batch {batch}; batch-norm statistics calibrated on a random batch, "
+                    f"then perturbed; random conv biases",
+                    fn, x, reference, rtol=RTOL * 10 if dtype == "f32" else None, dtype=dtype)
+
+
+def keras_downstream_cases(models: list[str], batches: list[int], dtypes: list[str],
+                           resolution: int) -> Iterator[Case]:
     """keras.applications models (weights=None, include_top, no classifier activation)
     at resolution x resolution, NHWC, exported with jax.export. Batch-norm statistics
     and affine parameters are random as for the test data (Stats), conv biases too;
@@ -1644,10 +1759,10 @@ def main(argv=None) -> int:
     entries = {e["file"]: e for e in old_entries
                if downstream or e["framework"] not in args.frameworks}
     builders = BUILDERS
-    if downstream:  # one family, "keras", of full-size models
-        args.frameworks = ["keras"]
-        builders = {"keras": lambda: downstream_cases(args.downstream, args.batches, args.dtypes,
-                                                      args.resolution)}
+    if downstream:  # one family of full-size models (keras_* and torchvision_* keys)
+        args.frameworks = ["downstream"]
+        builders = {"downstream": lambda: downstream_cases(args.downstream, args.batches,
+                                                           args.dtypes, args.resolution)}
 
     t_start = time.perf_counter()
     failures = []
