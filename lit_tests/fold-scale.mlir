@@ -155,3 +155,37 @@ func.func @value_read_where_the_scale_does_not_pass(%a: tensor<2x2xf32>) -> tens
   %r = stablehlo.multiply %s, %c : tensor<2x2xf32>
   return %r : tensor<2x2xf32>
 }
+
+// -----
+
+// The scale sits in a private helper (a jitted attention core, as jax.export writes it)
+// that two layers call with their own q and k: each call site gets its own copy, and
+// each scale goes into its own layer's Wq (0.5 * 0.25 and 2.0 * 0.25); the helper goes.
+
+// CHECK-LABEL: @scale_inside_a_helper_called_twice
+// CHECK-DAG:     stablehlo.constant dense<1.250000e-01> : tensor<8x8xf32>
+// CHECK-DAG:     stablehlo.constant dense<5.000000e-01> : tensor<8x8xf32>
+// CHECK-NOT:     call
+// CHECK-NOT:     stablehlo.multiply
+// CHECK:         return
+// CHECK-NOT:     func.func private @core
+func.func @scale_inside_a_helper_called_twice(%x: tensor<4x8xf32>) -> (tensor<2x4x4xf32>, tensor<2x4x4xf32>) {
+  %wq1 = stablehlo.constant dense<0.5> : tensor<8x8xf32>
+  %wq2 = stablehlo.constant dense<2.0> : tensor<8x8xf32>
+  %wk = stablehlo.constant dense<0.75> : tensor<8x8xf32>
+  %q1 = stablehlo.dot_general %x, %wq1, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %q2 = stablehlo.dot_general %x, %wq2, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %k = stablehlo.dot_general %x, %wk, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %kh = stablehlo.reshape %k : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %kh2 = stablehlo.reshape %k : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %s1 = func.call @core(%q1, %kh) : (tensor<4x8xf32>, tensor<4x2x4xf32>) -> tensor<2x4x4xf32>
+  %s2 = func.call @core(%q2, %kh2) : (tensor<4x8xf32>, tensor<4x2x4xf32>) -> tensor<2x4x4xf32>
+  return %s1, %s2 : tensor<2x4x4xf32>, tensor<2x4x4xf32>
+}
+func.func private @core(%q: tensor<4x8xf32>, %kh: tensor<4x2x4xf32>) -> tensor<2x4x4xf32> {
+  %qh = stablehlo.reshape %q : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %s = stablehlo.dot_general %qh, %kh, batching_dims = [1] x [1], contracting_dims = [2] x [2] : (tensor<4x2x4xf32>, tensor<4x2x4xf32>) -> tensor<2x4x4xf32>
+  %c = stablehlo.constant dense<0.25> : tensor<2x4x4xf32>
+  %r = stablehlo.multiply %s, %c : tensor<2x4x4xf32>
+  return %r : tensor<2x4x4xf32>
+}

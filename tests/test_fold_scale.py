@@ -249,3 +249,32 @@ def test_a_scale_in_f32_narrowed_back_to_bf16_rounds_as_a_bf16_scale():
     fold, = folded_scales(out.report)
     assert "convert" in fold.note and fold.producer_op == "stablehlo.dot_general", fold.note
     judged(text, out.serialize().decode(), "bf16", seeds=4)
+
+
+HELPER_CASES = [("core", "f32", ()), ("core", "bf16", ()), ("proj", "f32", ()),
+                ("norm", "f32", ()), ("norm", "bf16", ()),
+                ("core", "f32", ("backward-affine",)), ("proj", "f32", ("backward-affine",)),
+                ("norm", "f32", ("backward-affine",))]
+
+
+@pytest.mark.parametrize("where, dtype, disabled", HELPER_CASES,
+                         ids=[f"{w}-{d}-{'-'.join(x) or 'all'}" for w, d, x in HELPER_CASES])
+def test_scales_and_norms_inside_helpers_called_twice_fold_per_call_site(where, dtype, disabled):
+    """jax.export keeps `jax.jit` helpers as private functions: an attention core holding
+    the scale (q from the caller's `x Wq`), a projection the caller scales, a norm the
+    caller's linear layers read. Each of the two call sites is inlined and folds into its
+    own layer's weights (a copy per call site: the layers' weights differ), whichever of
+    the other patterns is on."""
+    text, layers = tj.helpers(where=where, dtype=dtype)
+    out = bnfold.fold_source(text, options=bnfold.FoldOptions(disable=frozenset(disabled)))
+    report = out.report
+    kind = "normalization" if where == "norm" else "scale"
+    folded = [f for f in report.folds if f.kind == kind]
+    assert len(folded) == layers, report.table()
+    assert len(report.inlined) >= layers, report.inlined
+    if where == "norm":
+        assert all(f.direction == "forward" and "2 linear layers" in f.note for f in folded)
+    produced = out.serialize().decode()
+    assert "call @norm" not in produced and "call @core" not in produced and \
+        "call @proj" not in produced
+    judged(text, produced, dtype)

@@ -57,6 +57,7 @@ from bnfold.constants import argument_refusal, is_function_argument
 from bnfold.graph import as_operation, defining_op, function_name
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern
+from bnfold.patterns.inline_calls import CallSite, ops_within
 from bnfold.patterns.rewrite import KernelRewrite, plan_kernel
 from bnfold.refusal import Code, Refusal, refused
 from bnfold.report import Fold
@@ -292,7 +293,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
     def match(self, ctx: Context, root: ir.Operation) -> Match | None:
         if ctx.rewriter.is_replaced(root) or ctx.ledger.is_folded(root):
             return None
-        found = _scalar(ctx, root)
+        found = _scalar(ctx.analysis, root)
         if found is None:
             return None
         operand, scale = found
@@ -369,11 +370,74 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         if isinstance(subject, Match):
             ctx.ledger.refuse(subject.root, refusal)
 
+    def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
+        """A helper whose scale's walk crosses this call: a scale inside it (an attention
+        helper, a platform branch) on a value its arguments carry in (q from the caller's
+        `x Wq`, or a weight passed as an argument), or a result (`@proj(%x)` returning
+        `x Wq`, through RoPE) that the caller scales. Each call site gets its own copy
+        (inline-calls), so a helper called twice folds twice."""
+        analysis = ctx.analysis
+        site = CallSite(call, callee)
+        if ctx.body_ops(callee) & {*ROOT_OPS, "func.call"}:
+            for op, inner in ops_within(site):
+                if op.name in ROOT_OPS and (found := _scalar(analysis, op)) is not None and \
+                        _back_to_arguments(op.operands[found[0]], inner, analysis):
+                    return True
+        if not (ctx.body_ops(callee) & {*PRODUCERS, "func.call"}):
+            return False  # nothing in it a scale could go into
+        return any(_forward_to_scale(result, analysis) for result in call.results)
 
-def _scalar(ctx: Context, root: ir.Operation) -> tuple[int, float] | None:
+
+def _back_to_arguments(value: ir.Value, site: CallSite, analysis: Analysis) -> bool:
+    """Whether the walk back from a scaled value inside a helper, through ops with scalar
+    laws, reaches an argument of the helper that comes from an op of the caller (or a
+    producer whose weight is an argument): where the fold needs the caller's IR."""
+    todo, seen = [value], set()
+    while todo and len(seen) < MAX_FORWARD:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in site.arguments:
+            passed = site.argument_value(current)
+            owner = defining_op(passed) if passed is not None else None
+            if owner is not None and (owner.name in laws.SCALAR_LAWS or
+                                      owner.name in PRODUCERS or owner.name == "func.call"):
+                return True
+            continue
+        op = defining_op(current)
+        if op is None:
+            continue
+        if op.name == "func.call":
+            return True  # a nested helper: the next round looks inside it
+        if op.name in PRODUCERS and any(o in site.arguments for o in op.operands):
+            return True
+        if op.name in laws.SCALAR_LAWS:
+            todo.extend(o for o in op.operands if not analysis.is_constant(o))
+    return False
+
+
+def _forward_to_scale(value: ir.Value, analysis: Analysis) -> bool:
+    """Whether `value` (a call's result) reaches a constant scalar scale through ops with
+    scalar laws."""
+    todo, seen = [value], set()
+    while todo and len(seen) < MAX_FORWARD:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in analysis.live_users(current):
+            if user.name in ROOT_OPS and (found := _scalar(analysis, user)) is not None and \
+                    user.operands[found[0]] == current:
+                return True
+            if user.name in laws.SCALAR_LAWS:
+                todo.extend(user.results)
+    return False
+
+
+def _scalar(analysis: Analysis, root: ir.Operation) -> tuple[int, float] | None:
     """(the scaled operand, the scale) when `root` multiplies a value computed at run time by
     a constant scalar (or divides it by one), else None."""
-    analysis = ctx.analysis
     indices = (0, 1) if root.name == "stablehlo.multiply" else (1,)
     for index in indices:
         const = analysis.constant(root.operands[index])
