@@ -101,6 +101,7 @@ class Edit:
     rewrite: KernelRewrite
     reader: ir.Operation
     terminal: bool
+    channels: tuple[int, int] | None = None  # (scaled, all) where only part of it is scaled
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class _Walk:
     match: Match
     policy: dict[Handle, int]
     reaches: dict[Handle, bool]
-    scaled: dict[ir.Value, None] = field(default_factory=dict)
+    scaled: dict[ir.Value, laws.Mask | None] = field(default_factory=dict)  # None: all of it
     region: set[Handle] = field(default_factory=set)
     through: set[tuple[Handle, int]] = field(default_factory=set)  # (op, operand) scaled
     trail: list[tuple[Handle, int]] = field(default_factory=list)
@@ -140,18 +141,29 @@ class _Walk:
                 user = as_operation(use.owner)
                 if user is None or self.ctx.analysis.is_dead(user):
                     continue
-                if (self.handle(user), use.operand_number) not in self.through:
+                if (self.handle(user), use.operand_number) not in self.through and \
+                        not _reads_unscaled(user, self.scaled[value]):
                     # another op, or a region op that reads it where the scale does not pass
                     # (x * k with c gone into k: x must not be scaled as well)
+                    if self.scaled[value] is not None:
+                        return Refusal(Code.USERS, f"only part of {_name(value)} would take the "
+                                                   f"scale, but {user.name} also reads some of "
+                                                   "that part unscaled; scaling it would change "
+                                                   "that op")
                     return Refusal(Code.USERS, f"{_name(value)} is also read by {user.name} "
                                                "unscaled; scaling it would change that op")
         if not any(e.terminal for e in self.edits):
             return Refusal(Code.NO_PRODUCER, "no weight on the way")
         return Plan(self.match, tuple(self.edits), tuple(self.crossed))
 
-    def visit(self, value: ir.Value, user: ir.Operation) -> Refusal | None:
+    def visit(self, value: ir.Value, user: ir.Operation, mask: laws.Mask | None = None
+              ) -> Refusal | None:
+        """Scale `value` (where `mask` is True; all of it without one) and walk on."""
         if value in self.scaled:
-            return None
+            if _same_mask(self.scaled[value], mask):
+                return None
+            return Refusal(Code.USERS, f"{_name(value)} is reached twice, with different parts "
+                                       "of it scaled")
         if len(self.scaled) >= MAX_SCALED:
             return Refusal(Code.LIMIT, f"the walk passed {MAX_SCALED} values without closing")
         ty = elements.tensor_type(value)
@@ -168,11 +180,12 @@ class _Walk:
         analysis = self.ctx.analysis
         for other in analysis.live_users(value):
             if other != user and other != self.match.root and \
-                    self.handle(other) not in self.region and not self.forward(other):
+                    self.handle(other) not in self.region and not self.forward(other) and \
+                    not _reads_unscaled(other, mask):
                 return Refusal(Code.USERS, f"{_name(value)} is also read by {other.name}, which "
                                            "does not lead to the scale; scaling it would change "
                                            "that op")
-        self.scaled[value] = None
+        self.scaled[value] = mask
         op = defining_op(value)
         if op is None:
             if is_function_argument(value):
@@ -190,6 +203,12 @@ class _Walk:
             return ways
         if op.name in PRODUCERS:
             self.reached = True
+        if mask is not None:
+            if law.part is None:
+                return Refusal(Code.NO_LAW, f"only part of {_name(value)} is scaled (a slice of "
+                                            f"it reads the rest unscaled), and no law moves a "
+                                            f"scale on part of a value through {op.name}")
+            ways = [w for w in ways if w.part] or ways  # a slice: only its part, again
         way = ways[0]
         if len(ways) > 1:
             key = self.handle(op)
@@ -198,12 +217,20 @@ class _Walk:
         self.region.add(self.handle(op))
         self.through.update((self.handle(op), i) for i in way.through)
         self.crossed.append(op.name.removeprefix("stablehlo."))
-        for index in way.into:
-            found = self.edit(op, index, way)
-            if found is not None:
-                return found
-        for index in way.through:
-            found = self.visit(op.operands[index], op)
+        for index in (*way.into, *way.through):
+            part = mask
+            if mask is not None or way.part:
+                assert law.part is not None
+                mapped = law.part(op, index, mask if mask is not None else _everything(value))
+                if isinstance(mapped, Refusal):
+                    return mapped
+                if not np.any(mapped):
+                    continue  # this operand holds none of the scaled part (a K slice's piece)
+                part = None if bool(np.all(mapped)) else mapped
+            if index in way.into:
+                found = self.edit(op, index, way, part)
+            else:
+                found = self.visit(op.operands[index], op, part)
             if found is not None:
                 return found
         return None
@@ -235,15 +262,30 @@ class _Walk:
             self.reaches[start] = found
         return self.reaches[start]
 
-    def edit(self, reader: ir.Operation, index: int, way: laws.ScalarWay) -> Refusal | None:
-        """Operand `index` of `reader` (a constant) times the scale: behind the layout ops only
-        this path reads, the constant itself; refused when another op reads it too (a copy)."""
+    def edit(self, reader: ir.Operation, index: int, way: laws.ScalarWay,
+             mask: laws.Mask | None) -> Refusal | None:
+        """Operand `index` of `reader` (a constant) times the scale (where `mask` is True):
+        behind the layout ops only this path reads, the constant itself; refused when
+        another op reads it too (a copy)."""
         analysis = self.ctx.analysis
         target, operand, value = reader, index, reader.operands[index]
         while True:
             owner = defining_op(value)
             if owner is None or owner.name not in PEEL or len(analysis.live_users(value)) != 1:
                 break
+            if mask is not None:
+                law = laws.SCALAR_LAWS[owner.name]
+                assert law.part is not None
+                found = law.part(owner, 0, mask)
+                if isinstance(found, Refusal):
+                    # one value repeated where the part varies: scaling part of it would
+                    # write a constant as large as the activation
+                    return Refusal(Code.AXIS, f"only part of {_role(reader, way)} of "
+                                              f"{reader.name} would take the scale, but it is "
+                                              f"one value repeated where the part varies "
+                                              f"({found.message}); scaling part of it would "
+                                              "write a constant of the activation's size")
+                mask = found
             target, operand, value = owner, 0, owner.operands[0]
         others = [u for u in analysis.live_users(value) if u != target]
         role = _role(reader, way)
@@ -266,10 +308,15 @@ class _Walk:
                                   reader.name.removeprefix("stablehlo."))
         if isinstance(kernel, Refusal):
             return kernel.wrap(f"{role} of {reader.name}")
-        rewrite = plan_kernel(kernel, np.asarray(factor, dtype=np.float64), operand)
+        scale = np.asarray(factor, dtype=np.float64)
+        channels = None
+        if mask is not None:
+            scale = np.where(mask, scale, 1.0)
+            channels = (int(np.count_nonzero(mask)), int(mask.size))
+        rewrite = plan_kernel(kernel, scale, operand)
         if isinstance(rewrite, Refusal):
             return rewrite.wrap(f"{role} of {reader.name}")
-        self.edits.append(Edit(target, operand, rewrite, reader, way.terminal))
+        self.edits.append(Edit(target, operand, rewrite, reader, way.terminal, channels))
         return None
 
 
@@ -353,7 +400,9 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         match = plan.match
         weights = [e for e in plan.edits if e.terminal]
         first = weights[0].reader
-        into = ", ".join(f"{_role(e.reader, None)} of {ledger.location(e.reader)}"
+        into = ", ".join(f"{_role(e.reader, None)} of {ledger.location(e.reader)}" +
+                         (f" (its {e.channels[0]} of {e.channels[1]} output channels that the "
+                          "slice reads)" if e.channels else "")
                          for e in weights)
         biases = sum(1 for e in plan.edits if not e.terminal)
         note = f"{match.scale:.6g} into {into}" + (f" (and {biases} bias(es))" if biases else "") + \
@@ -392,7 +441,8 @@ def _back_to_arguments(value: ir.Value, site: CallSite, analysis: Analysis) -> b
     """Whether the walk back from a scaled value inside a helper, through ops with scalar
     laws, reaches an argument of the helper that comes from an op of the caller (or a
     producer whose weight is an argument): where the fold needs the caller's IR."""
-    todo, seen = [value], set()
+    todo: list[ir.Value] = [value]
+    seen: set[ir.Value] = set()
     while todo and len(seen) < MAX_FORWARD:
         current = todo.pop()
         if current in seen:
@@ -420,7 +470,8 @@ def _back_to_arguments(value: ir.Value, site: CallSite, analysis: Analysis) -> b
 def _forward_to_scale(value: ir.Value, analysis: Analysis) -> bool:
     """Whether `value` (a call's result) reaches a constant scalar scale through ops with
     scalar laws."""
-    todo, seen = [value], set()
+    todo: list[ir.Value] = [value]
+    seen: set[ir.Value] = set()
     while todo and len(seen) < MAX_FORWARD:
         current = todo.pop()
         if current in seen:
@@ -452,6 +503,27 @@ def _scalar(analysis: Analysis, root: ir.Operation) -> tuple[int, float] | None:
             return None
         return 1 - index, scale
     return None
+
+
+def _everything(value: ir.Value) -> laws.Mask:
+    return np.ones((1,) * len(ir.RankedTensorType(value.type).shape), dtype=bool)
+
+
+def _same_mask(a: laws.Mask | None, b: laws.Mask | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def _reads_unscaled(user: ir.Operation, mask: laws.Mask | None) -> bool:
+    """Whether `user` reads only the unscaled part of a value scaled where `mask` is True
+    (the K and V slices of a fused projection whose q slice takes the scale)."""
+    if mask is None or user.name != "stablehlo.slice":
+        return False
+    law = laws.SCALAR_LAWS["stablehlo.slice"]
+    assert law.part is not None
+    read = law.part(user, 0, _everything(user.results[0]))
+    return not isinstance(read, Refusal) and not bool(np.any(read & mask))
 
 
 def _reader(op: ir.Operation, analysis: Analysis) -> ir.Operation:
