@@ -1389,7 +1389,8 @@ SCALAR_LAWS: dict[str, ScalarLaw] = {
     "stablehlo.concatenate": ScalarLaw(_MOVES + "; a constant piece is scaled with it",
                                        _linear_in(), _exact, part=_concatenate_part),
     "stablehlo.negate": ScalarLaw("-(c x) = c (-x): exact", _linear_in(0), _exact, part=_same_part),
-    "stablehlo.select": ScalarLaw("select(p, c a, c b): exact (a constant branch is scaled)",
+    "stablehlo.select": ScalarLaw("select(p, c a, c b): exact (a constant branch is scaled; a NaN or zero "
+                                  "fill, which c leaves as it is, is not rewritten)",
                                   _select_ways, _exact, part=_same_part),
     "stablehlo.pad": ScalarLaw("pad(c x, 0) = c pad(x, 0): exact; no other pad value",
                                _pad_ways, _exact),

@@ -301,6 +301,8 @@ class _Walk:
                            f"{', '.join(r.name for r in readers)}; folding would copy it "
                            f"({size} bytes). Left as is: untie the weight to fold it")
         factor = 1.0 / self.match.scale if way.inverse else self.match.scale
+        if not way.terminal and _unchanged(analysis, value, factor):
+            return None  # c * NaN = NaN, c * 0 = 0: a take's out-of-range fill stays as it is
         ty = elements.tensor_type(value)
         own = elements.numpy_dtype(ty.element_type) if ty is not None else None
         compute = own if own is not None and self.exact_in(own) else self.match.compute
@@ -503,6 +505,20 @@ def _scalar(analysis: Analysis, root: ir.Operation) -> tuple[int, float] | None:
             return None
         return 1 - index, scale
     return None
+
+
+def _unchanged(analysis: Analysis, value: ir.Value, factor: float) -> bool:
+    """Whether a constant is the same times `factor`: all NaN or zero (or infinite, for a
+    positive factor), as the NaN fill of a gather's out-of-range rows."""
+    ty = elements.tensor_type(value)
+    if ty is None or math.prod(ty.shape) > 4096:
+        return False
+    const = analysis.constant(value)
+    if const is None:
+        return False
+    values = np.asarray(const.array, dtype=np.float64)
+    fixed = np.isnan(values) | (values == 0) | (np.isinf(values) & (factor > 0))
+    return bool(np.all(fixed))
 
 
 def _everything(value: ir.Value) -> laws.Mask:
