@@ -155,3 +155,110 @@ func.func @value_read_where_the_scale_does_not_pass(%a: tensor<2x2xf32>) -> tens
   %r = stablehlo.multiply %s, %c : tensor<2x2xf32>
   return %r : tensor<2x2xf32>
 }
+
+// -----
+
+// The scale sits in a private helper (a jitted attention core, as jax.export writes it)
+// that two layers call with their own q and k: each call site gets its own copy, and
+// each scale goes into its own layer's Wq (0.5 * 0.25 and 2.0 * 0.25); the helper goes.
+
+// CHECK-LABEL: @scale_inside_a_helper_called_twice
+// CHECK-DAG:     stablehlo.constant dense<1.250000e-01> : tensor<8x8xf32>
+// CHECK-DAG:     stablehlo.constant dense<5.000000e-01> : tensor<8x8xf32>
+// CHECK-NOT:     call
+// CHECK-NOT:     stablehlo.multiply
+// CHECK:         return
+// CHECK-NOT:     func.func private @core
+func.func @scale_inside_a_helper_called_twice(%x: tensor<4x8xf32>) -> (tensor<2x4x4xf32>, tensor<2x4x4xf32>) {
+  %wq1 = stablehlo.constant dense<0.5> : tensor<8x8xf32>
+  %wq2 = stablehlo.constant dense<2.0> : tensor<8x8xf32>
+  %wk = stablehlo.constant dense<0.75> : tensor<8x8xf32>
+  %q1 = stablehlo.dot_general %x, %wq1, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %q2 = stablehlo.dot_general %x, %wq2, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %k = stablehlo.dot_general %x, %wk, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %kh = stablehlo.reshape %k : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %kh2 = stablehlo.reshape %k : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %s1 = func.call @core(%q1, %kh) : (tensor<4x8xf32>, tensor<4x2x4xf32>) -> tensor<2x4x4xf32>
+  %s2 = func.call @core(%q2, %kh2) : (tensor<4x8xf32>, tensor<4x2x4xf32>) -> tensor<2x4x4xf32>
+  return %s1, %s2 : tensor<2x4x4xf32>, tensor<2x4x4xf32>
+}
+func.func private @core(%q: tensor<4x8xf32>, %kh: tensor<4x2x4xf32>) -> tensor<2x4x4xf32> {
+  %qh = stablehlo.reshape %q : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %s = stablehlo.dot_general %qh, %kh, batching_dims = [1] x [1], contracting_dims = [2] x [2] : (tensor<4x2x4xf32>, tensor<4x2x4xf32>) -> tensor<2x4x4xf32>
+  %c = stablehlo.constant dense<0.25> : tensor<2x4x4xf32>
+  %r = stablehlo.multiply %s, %c : tensor<2x4x4xf32>
+  return %r : tensor<2x4x4xf32>
+}
+
+// -----
+
+// A fused QKV projection (GPT-2's c_attn): q, k and v are slices of one linear's output
+// features. The scale 0.25 goes into q's 4 columns of the kernel (0.5 * 0.25 = 0.125) and
+// of the bias (2.0 * 0.25 = 0.5) only; k's and v's columns stay as they were.
+
+// CHECK-LABEL: @fused_qkv_scale_into_q_columns
+// CHECK-DAG:     stablehlo.constant dense<{{\[}}[1.250000e-01, 1.250000e-01, 1.250000e-01, 1.250000e-01, 5.000000e-01, 5.000000e-01, 5.000000e-01, 5.000000e-01, 5.000000e-01, 5.000000e-01, 5.000000e-01, 5.000000e-01]{{.*}}]> : tensor<4x12xf32>
+// CHECK-DAG:     stablehlo.constant dense<[5.000000e-01, 5.000000e-01, 5.000000e-01, 5.000000e-01, 2.000000e+00, 2.000000e+00, 2.000000e+00, 2.000000e+00, 2.000000e+00, 2.000000e+00, 2.000000e+00, 2.000000e+00]> : tensor<12xf32>
+// CHECK-NOT:     dense<2.500000e-01>
+// CHECK:         %[[S:.+]] = stablehlo.dot_general {{.+}} batching_dims
+// CHECK-NEXT:    return %[[S]]
+func.func @fused_qkv_scale_into_q_columns(%x: tensor<3x4xf32>) -> (tensor<2x3x3xf32>, tensor<3x4xf32>) {
+  %w = stablehlo.constant dense<0.5> : tensor<4x12xf32>
+  %b = stablehlo.constant dense<2.0> : tensor<12xf32>
+  %y0 = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x12xf32>) -> tensor<3x12xf32>
+  %bb = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<12xf32>) -> tensor<3x12xf32>
+  %y = stablehlo.add %y0, %bb : tensor<3x12xf32>
+  %q = stablehlo.slice %y [0:3, 0:4] : (tensor<3x12xf32>) -> tensor<3x4xf32>
+  %k = stablehlo.slice %y [0:3, 4:8] : (tensor<3x12xf32>) -> tensor<3x4xf32>
+  %v = stablehlo.slice %y [0:3, 8:12] : (tensor<3x12xf32>) -> tensor<3x4xf32>
+  %qh = stablehlo.reshape %q : (tensor<3x4xf32>) -> tensor<3x2x2xf32>
+  %kh = stablehlo.reshape %k : (tensor<3x4xf32>) -> tensor<3x2x2xf32>
+  %s = stablehlo.dot_general %qh, %kh, batching_dims = [1] x [1], contracting_dims = [2] x [2] : (tensor<3x2x2xf32>, tensor<3x2x2xf32>) -> tensor<2x3x3xf32>
+  %c = stablehlo.constant dense<0.25> : tensor<2x3x3xf32>
+  %r = stablehlo.multiply %s, %c : tensor<2x3x3xf32>
+  return %r, %v : tensor<2x3x3xf32>, tensor<3x4xf32>
+}
+
+// -----
+
+// torch's MultiheadAttention and Swin: the fused output reshaped to [tokens, 3, heads,
+// head_dim] and q taken as index 0 of the 3: the same columns through the reshape.
+
+// CHECK-LABEL: @fused_qkv_through_a_reshape
+// CHECK-DAG:     stablehlo.constant dense<{{\[}}[1.250000e-01, 1.250000e-01, 1.250000e-01, 1.250000e-01, 5.000000e-01, 5.000000e-01, 5.000000e-01, 5.000000e-01]{{.*}}]> : tensor<4x8xf32>
+// CHECK-NOT:     stablehlo.multiply
+// CHECK:         return
+func.func @fused_qkv_through_a_reshape(%x: tensor<3x4xf32>) -> tensor<2x3x3xf32> {
+  %w = stablehlo.constant dense<0.5> : tensor<4x8xf32>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x8xf32>) -> tensor<3x8xf32>
+  %y4 = stablehlo.reshape %y : (tensor<3x8xf32>) -> tensor<3x2x2x2xf32>
+  %yt = stablehlo.transpose %y4, dims = [1, 0, 2, 3] : (tensor<3x2x2x2xf32>) -> tensor<2x3x2x2xf32>
+  %q1 = stablehlo.slice %yt [0:1, 0:3, 0:2, 0:2] : (tensor<2x3x2x2xf32>) -> tensor<1x3x2x2xf32>
+  %k1 = stablehlo.slice %yt [1:2, 0:3, 0:2, 0:2] : (tensor<2x3x2x2xf32>) -> tensor<1x3x2x2xf32>
+  %q = stablehlo.reshape %q1 : (tensor<1x3x2x2xf32>) -> tensor<3x2x2xf32>
+  %k = stablehlo.reshape %k1 : (tensor<1x3x2x2xf32>) -> tensor<3x2x2xf32>
+  %c = stablehlo.constant dense<0.25> : tensor<3x2x2xf32>
+  %qs = stablehlo.multiply %q, %c : tensor<3x2x2xf32>
+  %s = stablehlo.dot_general %qs, %k, batching_dims = [1] x [1], contracting_dims = [2] x [2] : (tensor<3x2x2xf32>, tensor<3x2x2xf32>) -> tensor<2x3x3xf32>
+  return %s : tensor<2x3x3xf32>
+}
+
+// -----
+
+// k also reads two of q's columns (an overlapping slice): scaling q's columns would
+// change k, so the scale stays (a `users` refusal in the report).
+
+// CHECK-LABEL: @fused_overlapping_slices_keep_the_scale
+// CHECK:         stablehlo.multiply
+func.func @fused_overlapping_slices_keep_the_scale(%x: tensor<3x4xf32>) -> tensor<2x3x3xf32> {
+  %w = stablehlo.constant dense<0.5> : tensor<4x8xf32>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x8xf32>) -> tensor<3x8xf32>
+  %q = stablehlo.slice %y [0:3, 0:4] : (tensor<3x8xf32>) -> tensor<3x4xf32>
+  %k = stablehlo.slice %y [0:3, 2:6] : (tensor<3x8xf32>) -> tensor<3x4xf32>
+  %qh = stablehlo.reshape %q : (tensor<3x4xf32>) -> tensor<3x2x2xf32>
+  %kh = stablehlo.reshape %k : (tensor<3x4xf32>) -> tensor<3x2x2xf32>
+  %s = stablehlo.dot_general %qh, %kh, batching_dims = [1] x [1], contracting_dims = [2] x [2] : (tensor<3x2x2xf32>, tensor<3x2x2xf32>) -> tensor<2x3x3xf32>
+  %c = stablehlo.constant dense<0.25> : tensor<2x3x3xf32>
+  %r = stablehlo.multiply %s, %c : tensor<2x3x3xf32>
+  return %r : tensor<2x3x3xf32>
+}

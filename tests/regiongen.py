@@ -1540,7 +1540,10 @@ def graphs(draw, dtypes: Sequence[str] = DTYPES, min_layers: int = 1, force_step
 # negate, concatenate, multiplies by cos and sin, add), a convert, the scores as a
 # dot_general of two values (q k^T or k q^T), a per-head temperature divide, one k head
 # broadcast to all (GQA), a mask `select`, a sum over heads, and the scale (multiply or divide by a
-# constant scalar: a power of two or not). Every op of bnfold.laws.SCALAR_LAWS is here.
+# constant scalar: a power of two or not). Every op of bnfold.laws.SCALAR_LAWS is here. A fused
+# projection (GPT-2's c_attn, torch's MultiheadAttention in_proj, Swin's qkv) computes q and k
+# with one dot_general: q and k are slices of its output, either of the flat features or of an
+# axis of a [S, 2, heads, head_dim] reshape, so the scale goes into q's (or k's) columns only.
 
 
 @dataclass(frozen=True)
@@ -1565,6 +1568,8 @@ class AttentionGraph:
     gqa: bool  # one k head broadcast to every head (grouped-query attention)
     swap: bool  # the scores as k q^T (the walk meets k first)
     seed: int
+    fused: int = 0  # 0: q and k projected apart; 1: slices of one projection's features;
+    # 2: slices of axis 1 of its [S, 2, heads, head_dim] reshape
 
 
 ATTENTION_OPS = ("stablehlo.gather", "stablehlo.dot_general", "stablehlo.convolution",
@@ -1601,9 +1606,11 @@ def _head_dot(b: Builder, q: Val, k: Val) -> Val:
                   mag=np.einsum("ihd,jhd->hij", q.mag, k.mag))
 
 
-def _projection(b: Builder, g: AttentionGraph, x: Val, name: str, conv: bool) -> Val:
-    """x [S, model] times W [model, heads * head_dim] (+ bias), as [S, heads, head_dim]."""
-    width = g.heads * g.head_dim
+def _projection(b: Builder, g: AttentionGraph, x: Val, name: str, conv: bool,
+                parts: int = 1) -> Val:
+    """x [S, model] times W [model, heads * head_dim] (+ bias), as [S, heads, head_dim]; with
+    `parts` > 1 (a fused projection), [S, parts * heads * head_dim]."""
+    width = g.heads * g.head_dim * parts
     w = _fit(b.rng.standard_normal((g.model, width)) / math.sqrt(g.model), lambda k: k, g.dtype)
     if conv:
         x3 = b.reshape(x, (1, *x.shape), None)
@@ -1616,6 +1623,8 @@ def _projection(b: Builder, g: AttentionGraph, x: Val, name: str, conv: bool) ->
     if g.bias:  # a bias added, or subtracted (the divide graphs)
         y = b.binary("subtract" if g.divide else "add", y,
                      b.like(y, b.rng.normal(size=width) * 0.1, per_channel=True))
+    if parts > 1:
+        return y
     heads = b.reshape(y, (g.seq, g.heads, g.head_dim), None)
     if conv:  # heads first and back (Equinox's and Flax's layouts)
         heads = b.transpose(b.transpose(heads, [1, 0, 2]), [1, 0, 2])
@@ -1641,6 +1650,19 @@ def _rope(b: Builder, x: Val, cos: np.ndarray, sin: np.ndarray) -> Val:
     return b.binary("add", b.binary("multiply", x, c), b.binary("multiply", rotated, n))
 
 
+def _fused(b: Builder, g: AttentionGraph, y: Val) -> tuple[Val, Val]:
+    """q and k, [S, heads, head_dim] each, sliced from a fused projection's output y."""
+    s, w = g.seq, g.heads * g.head_dim
+    shape = (s, g.heads, g.head_dim)
+    if g.fused == 1:
+        return (b.reshape(_slice(b, y, [0, 0], [s, w]), shape, None),
+                b.reshape(_slice(b, y, [0, w], [s, 2 * w]), shape, None))
+    both = b.reshape(y, (s, 2, g.heads, g.head_dim), None)
+    q, k = (b.reshape(_slice(b, both, [0, i, 0, 0], [s, i + 1, g.heads, g.head_dim]), shape, None)
+            for i in (0, 1))
+    return q, k
+
+
 def build_attention(g: AttentionGraph) -> Program:
     b = Builder(np.random.default_rng(g.seed))
     b.dtypes.add(g.dtype)
@@ -1661,8 +1683,11 @@ def build_attention(g: AttentionGraph) -> Program:
         arg = Val("%arg0", T((g.seq, g.model), g.dtype), value, None, np.abs(value))
         b.scopes.append(_Scope("main", [arg]))
         x, inputs = arg, [value.astype(NP_DTYPES[g.dtype])]
-    q = _projection(b, g, x, "wq", g.conv)
-    k = _projection(b, g, x, "wk", False)
+    if g.fused:
+        q, k = _fused(b, g, _projection(b, g, x, "wqk", False, parts=2))
+    else:
+        q = _projection(b, g, x, "wq", g.conv)
+        k = _projection(b, g, x, "wk", False)
     if g.pad:
         zero = b.constant(0.0, g.dtype)
         q, k = (b.pad(v, zero, [0, 0, 0], [0, 0, 2], [0, 0, 0], None) for v in (q, k))
@@ -1716,4 +1741,5 @@ def attention_graphs(draw, dtypes: Sequence[str] = DTYPES) -> AttentionGraph:
                           power_of_two=draw(st.booleans()), pool=draw(st.booleans()),
                           temperature=draw(st.booleans()), gqa=draw(st.booleans()),
                           swap=draw(st.booleans()),
-                          seed=draw(st.integers(0, 2**32 - 1)))
+                          seed=draw(st.integers(0, 2**32 - 1)),
+                          fused=draw(st.integers(0, 2)))

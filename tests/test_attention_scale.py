@@ -158,3 +158,103 @@ def test_a_transformer_block_folds_both_norms_and_the_scale(tag):
     unit = float(ml_dtypes.finfo(npdt).eps) / 2
     assert before < 50 * unit, before
     assert after <= 1.5 * before + unit, (before, after)
+
+
+# --- a fused QKV projection: q is a slice of one linear's output --------------------------
+
+def _fused_block(tag: str, layout: str, where: str):
+    """Attention whose q, k, v are slices of ONE biased projection [D, 3D]: "gpt2" slices
+    the flat features (c_attn), "mha" reshapes to (T, 3, D) and takes index i of that axis
+    (torch's MultiheadAttention in_proj), "swin" reshapes to (T, 3, H, DH) and permutes the
+    3 first (torchvision's Swin qkv). The scale on the logits ("post") or on q ("pre"), or
+    d^-1/4 on q and on k each ("both", torch's attention math)."""
+    dt, npdt = DTYPES[tag]
+    rng = np.random.default_rng(5)
+    w = rng.normal(0, D ** -0.5, (D, 3 * D)).astype(np.float32).astype(npdt).astype(np.float64)
+    bias = rng.normal(0, 0.1, 3 * D).astype(np.float32).astype(npdt).astype(np.float64)
+    scale = float(np.asarray(1 / np.sqrt(DH), np.float32).astype(npdt))
+    quarter = float(np.asarray(DH ** -0.25, np.float32).astype(npdt))
+
+    def split(y, xp):
+        if layout == "gpt2":
+            parts = [y[..., i * D:(i + 1) * D] for i in range(3)]
+        elif layout == "mha":
+            y3 = y.reshape(B, T, 3, D)
+            parts = [y3[:, :, i] for i in range(3)]
+        else:
+            y5 = xp.transpose(y.reshape(B, T, 3, H, DH), (2, 0, 1, 3, 4))
+            parts = [y5[i].reshape(B, T, D) for i in range(3)]
+        return [p.reshape(B, T, H, DH) for p in parts]
+
+    def attend(q, k, v, xp, softmax, c):
+        if where == "pre":
+            q = q * c(scale)
+        elif where == "both":
+            q, k = q * c(quarter), k * c(quarter)
+        logits = xp.einsum("bthd,bshd->bhts", q, k)
+        if where == "post":
+            logits = logits * c(scale)
+        return xp.einsum("bhts,bshd->bthd", softmax(logits), v).reshape(B, T, D)
+
+    def fn(x):
+        q, k, v = split(x @ jnp.asarray(w, dt) + jnp.asarray(bias, dt), jnp)
+        return attend(q, k, v, jnp, lambda z: jax.nn.softmax(z, -1), lambda s: jnp.asarray(s, dt))
+
+    def reference(x):
+        q, k, v = split(x @ w + bias, np)
+        return attend(q, k, v, np, _softmax, lambda s: s)
+
+    return fn, reference
+
+
+@pytest.mark.parametrize("where", ["post", "pre", "both"])
+@pytest.mark.parametrize("layout", ["gpt2", "mha", "swin"])
+@pytest.mark.parametrize("tag", ["f32", "bf16"])
+def test_a_fused_projection_takes_the_scale_in_q_columns_only(tag, layout, where):
+    fn, reference = _fused_block(tag, layout, where)
+    _, npdt = DTYPES[tag]
+    x = np.random.default_rng(6).normal(0, 1, (B, T, D)).astype(np.float32).astype(npdt)
+    text = jax.jit(fn).lower(jnp.asarray(x)).as_text()
+    folded, report = bnfold.fold_text(text)
+    scales = [f for f in report.folds if f.kind == "scale"]
+    assert len(scales) == (2 if where == "both" else 1), [s.to_json() for s in report.skipped]
+    for fold in scales:
+        assert f"its {D} of {3 * D} output channels" in fold.note, fold.note
+    original, output = run_xla(text, [x]), run_xla(folded, [x])
+    check_close(output, original, tag)
+    ref = reference(x.astype(np.float64))
+    before, after = relative_error(original[0], ref), relative_error(output[0], ref)
+    unit = float(ml_dtypes.finfo(npdt).eps) / 2
+    assert before < 50 * unit, before
+    assert after <= 1.5 * before + unit, (before, after)
+
+
+def _overlapping(read_all: bool):
+    """q = y[..., :D] scaled, but k reads y[..., D/2 : 3D/2] (overlapping q's columns), or
+    the whole fused output is also returned: q's columns are read unscaled elsewhere."""
+    rng = np.random.default_rng(7)
+    w = jnp.asarray(rng.normal(0, D ** -0.5, (D, 3 * D)), jnp.float32)
+
+    def fn(x):
+        y = jnp.tanh(x) @ w  # (tanh: the walk's other way, through x, stops there)
+        q = y[..., :D].reshape(B, T, H, DH)
+        start = 2 * D if read_all else D // 2
+        k = y[..., start:start + D].reshape(B, T, H, DH)
+        logits = jnp.einsum("bthd,bshd->bhts", q, k) * jnp.float32(0.3)
+        return (jax.nn.softmax(logits, -1), y) if read_all else jax.nn.softmax(logits, -1)
+
+    return fn
+
+
+@pytest.mark.parametrize("read_all", [False, True])
+def test_a_fused_projection_whose_q_columns_are_read_elsewhere_is_refused(read_all):
+    fn = _overlapping(read_all)
+    x = np.random.default_rng(8).normal(0, 1, (B, T, D)).astype(np.float32)
+    text = jax.jit(fn).lower(jnp.asarray(x)).as_text()
+    folded, report = bnfold.fold_text(text)
+    assert not [f for f in report.folds if f.kind == "scale"]
+    refusals = [s for s in report.skipped if "the scale 0.3" in s.reason]
+    assert refusals and refusals[0].code == "users", [s.to_json() for s in report.skipped]
+    assert ("also read by func.return" if read_all else "stablehlo.slice") in refusals[0].reason, \
+        refusals[0].reason
+    check_close(run_xla(folded, [x]), run_xla(text, [x]), "f32")

@@ -6,6 +6,7 @@ soft-cap; tied and untied head), in f32 and bf16 (tests/transformers_jax.py)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -16,6 +17,7 @@ import transformers_jax as tj
 from bnfold import check, laws
 from bnfold import ir as bir
 from bnfold.refusal import Code
+from numerics import check_close, run_xla
 
 pytest.importorskip("flax")
 pytest.importorskip("equinox")
@@ -249,3 +251,65 @@ def test_a_scale_in_f32_narrowed_back_to_bf16_rounds_as_a_bf16_scale():
     fold, = folded_scales(out.report)
     assert "convert" in fold.note and fold.producer_op == "stablehlo.dot_general", fold.note
     judged(text, out.serialize().decode(), "bf16", seeds=4)
+
+
+HELPER_CASES = [("core", "f32", ()), ("core", "bf16", ()), ("proj", "f32", ()),
+                ("norm", "f32", ()), ("norm", "bf16", ()),
+                ("core", "f32", ("backward-affine",)), ("proj", "f32", ("backward-affine",)),
+                ("norm", "f32", ("backward-affine",))]
+
+
+@pytest.mark.parametrize("where, dtype, disabled", HELPER_CASES,
+                         ids=[f"{w}-{d}-{'-'.join(x) or 'all'}" for w, d, x in HELPER_CASES])
+def test_scales_and_norms_inside_helpers_called_twice_fold_per_call_site(where, dtype, disabled):
+    """jax.export keeps `jax.jit` helpers as private functions: an attention core holding
+    the scale (q from the caller's `x Wq`), a projection the caller scales, a norm the
+    caller's linear layers read. Each of the two call sites is inlined and folds into its
+    own layer's weights (a copy per call site: the layers' weights differ), whichever of
+    the other patterns is on."""
+    text, layers = tj.helpers(where=where, dtype=dtype)
+    out = bnfold.fold_source(text, options=bnfold.FoldOptions(disable=frozenset(disabled)))
+    report = out.report
+    kind = "normalization" if where == "norm" else "scale"
+    folded = [f for f in report.folds if f.kind == kind]
+    assert len(folded) == layers, report.table()
+    assert len(report.inlined) >= layers, report.inlined
+    if where == "norm":
+        assert all(f.direction == "forward" and "2 linear layers" in f.note for f in folded)
+    produced = out.serialize().decode()
+    assert "call @norm" not in produced and "call @core" not in produced and \
+        "call @proj" not in produced
+    judged(text, produced, dtype)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_an_embedding_scale_walks_through_a_take_with_a_nan_fill(tied):
+    """`jnp.take(table, ids, mode="fill")` (torchax's embedding: gather, then a select with
+    NaN for out-of-range ids) times sqrt(hidden): c * NaN = NaN, so the fill is left as it
+    is and the scale goes into the table; a table the LM head also reads is refused
+    (`shared-weight`, with the copy's size)."""
+    jax = pytest.importorskip("jax")
+    jnp = jax.numpy
+    rng = np.random.default_rng(11)
+    table = jnp.asarray(rng.normal(0, 0.3, (16, 8)), jnp.float32)
+    w = jnp.asarray(rng.normal(0, 0.3, (8, 8)), jnp.float32)
+
+    def fn(ids):
+        x = jnp.take(table, ids, axis=0, mode="fill") * jnp.float32(math.sqrt(8.0) * 1.1)
+        h = jnp.tanh(x) @ w  # (tanh: the scale cannot fold forward into w instead)
+        return h @ (table.T if tied else w)
+
+    ids = rng.integers(0, 16, (2, 5)).astype(np.int32)
+    text = jax.jit(fn).lower(jnp.asarray(ids)).as_text()
+    assert "0x7FC00000" in text  # the NaN fill is there
+    folded, report = bnfold.fold_text(text)
+    scales = [f for f in report.folds if f.kind == "scale"]
+    if tied:
+        assert not scales
+        refusal = [s for s in report.skipped if s.code == "shared-weight"]
+        assert refusal and f"({16 * 8 * 4} bytes)" in refusal[0].reason, \
+            [s.to_json() for s in report.skipped]
+    else:
+        assert len(scales) == 1 and "into the table of" in scales[0].note, \
+            [s.to_json() for s in report.skipped]
+    check_close(run_xla(folded, [ids]), run_xla(text, [ids]), "f32")

@@ -126,3 +126,49 @@ def equinox_mha(*, dtype: str = "f32", seed: int = 3) -> tuple[str, int]:
         return layer(x, x, x)
 
     return _export(block, jax.ShapeDtypeStruct((6, 32), dt)), 1
+
+
+def helpers(*, where: str = "core", layers: int = 2, dtype: str = "f32", model: int = 32,
+            heads: int = 4, head_dim: int = 8, seq: int = 6) -> tuple[str, int]:
+    """Residual layers whose pieces are `jax.jit` helpers (private functions called from
+    main, one call per layer): `where` = "core" (the scaled `softmax(q k^T * c) v`, q from
+    the caller's `x Wq`), "proj" (`rope(x Wq)`, scaled by the caller) or "norm" (a
+    Gemma-style RMSNorm `(1 + w)` read by the caller's gate and up projections)."""
+    dt = DTYPES[dtype]
+    scale = jnp.asarray(1 / math.sqrt(head_dim), dt)
+
+    @jax.jit
+    def core(q, k, v):
+        p = jax.nn.softmax(jnp.einsum("qhd,khd->hqk", q, k) * scale, axis=-1)
+        return jnp.einsum("hqk,khd->qhd", p, v)
+
+    @jax.jit
+    def proj(x, wq):
+        return rope((x @ wq).reshape(x.shape[0], heads, head_dim), jnp.arange(x.shape[0]))
+
+    @jax.jit
+    def norm(x, w):
+        return rms_norm(x, w, gemma=True)
+
+    def layer(x, seed):
+        wq, wk, wv, wo, w = _weights(seed, dt, *[(model, heads * head_dim)] * 3,
+                                     (heads * head_dim, model), (model,))
+        if where == "norm":
+            h = norm(x, w)
+            return jax.nn.silu(h @ wq) * (h @ wk) @ wo
+        s = x.shape[0]
+        k = (x @ wk).reshape(s, heads, head_dim)
+        v = (x @ wv).reshape(s, heads, head_dim)
+        if where == "core":
+            o = core((x @ wq).reshape(s, heads, head_dim), k, v)
+        else:
+            q = proj(x, wq) * scale
+            o = jnp.einsum("hqk,khd->qhd", jax.nn.softmax(jnp.einsum("qhd,khd->hqk", q, k), -1), v)
+        return o.reshape(s, heads * head_dim) @ wo
+
+    def f(x):
+        for seed in range(layers):
+            x = x + layer(x, seed)
+        return x
+
+    return _export(f, jax.ShapeDtypeStruct((seq, model), dt)), layers

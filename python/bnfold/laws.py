@@ -1101,10 +1101,21 @@ class ScalarWay:
     into: tuple[int, ...] = ()  # constant operands that become c * constant
     inverse: bool = False  # `into` operands are divisors: they become constant / c
     terminal: bool = False  # `into` is the weight the walk stops at (a kernel, a factor)
+    part: bool = False  # only the part of the operand the op reads takes c (a slice)
 
 
 class ScalarEnv(Protocol):
     def constant(self, value: ir.Value) -> Const | None: ...
+
+
+# A mask (bool, the value's rank, each axis of size 1 or the value's size): True where
+# the value is scaled by c, False where it is read unscaled. A slice of one producer's
+# output (q of a fused QKV projection) scales only the part it reads; the mask says
+# which part on the way back, and becomes a per-channel factor (c on the masked output
+# channels, 1 on the rest) where it meets a weight.
+Mask = np.ndarray
+PartLaw = Callable[[ir.Operation, int, Mask], "Mask | Refusal"]
+MAX_MASK = 1 << 22  # elements a mask may expand to (through a reshape or a slice)
 
 
 @dataclass(frozen=True)
@@ -1112,6 +1123,7 @@ class ScalarLaw:
     summary: str
     ways: Callable[[ir.Operation, ScalarEnv], list[ScalarWay] | Refusal]
     precision: Callable[[ir.Operation], Precision]
+    part: PartLaw | None = None  # a mask on the result -> the mask of operand `index`
 
 
 def _split(op: ir.Operation, env: ScalarEnv, indices: tuple[int, ...]) -> tuple[tuple[int, ...],
@@ -1198,18 +1210,188 @@ def _select_ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
     return [ScalarWay(through, into)]
 
 
+def _slice_ways(op: ir.Operation, env: ScalarEnv) -> list[ScalarWay] | Refusal:
+    """c slice(x) == slice(c x); or only the part of x the slice reads takes c (q of a
+    fused QKV projection, whose K and V slices read the rest unscaled)."""
+    return [ScalarWay(through=(0,)), ScalarWay(through=(0,), part=True)]
+
+
+# --- masks through ops (a scale on part of a value) -------------------------------------------
+
+
+def compress(mask: Mask) -> Mask:
+    """`mask` with each axis along which it is constant reduced to size 1."""
+    for axis in range(mask.ndim):
+        if mask.shape[axis] > 1:
+            first = np.take(mask, [0], axis=axis)
+            if np.array_equal(np.broadcast_to(first, mask.shape), mask):
+                mask = first
+    return mask
+
+
+def _shape(value: ir.Value) -> tuple[int, ...]:
+    return tuple(ir.RankedTensorType(value.type).shape)
+
+
+def _too_large(op: ir.Operation, size: int) -> Refusal | None:
+    if size > MAX_MASK:
+        return Refusal(Code.LIMIT, f"the scaled part of the value at {_short(op)} spans {size} "
+                                   f"elements (more than {MAX_MASK})")
+    return None
+
+
+def _same_part(op: ir.Operation, index: int, mask: Mask) -> Mask | Refusal:
+    """Elementwise ops: each operand has the result's shape, and the same part is scaled."""
+    return mask
+
+
+def _transpose_part(op: ir.Operation, index: int, mask: Mask) -> Mask | Refusal:
+    return np.transpose(mask, np.argsort(attributes.permutation(op)))
+
+
+def _broadcast_part(op: ir.Operation, index: int, mask: Mask) -> Mask | Refusal:
+    """The operand's axis k is the result's axis dims[k]; along a new or expanded axis the
+    operand's one element is read at every position, so the part must not vary there."""
+    dims = attributes.broadcast_dimensions(op)
+    shape = _shape(op.operands[0])
+    kept = {d for k, d in enumerate(dims) if shape[k] == mask.shape[d] or mask.shape[d] == 1}
+    for axis in range(mask.ndim):
+        if axis not in kept and mask.shape[axis] > 1:
+            return Refusal(Code.NOT_HOMOGENEOUS, f"{_short(op)} repeats its operand along axis "
+                                                 f"{axis}, where only part of the result is "
+                                                 "scaled")
+    picked = np.transpose(mask, [*dims, *(a for a in range(mask.ndim) if a not in dims)])
+    return picked.reshape(picked.shape[:len(dims)])  # the other axes are size 1
+
+
+def _groups(source: Sequence[int], target: Sequence[int]) -> list[tuple[list[int], list[int]]]:
+    """The reshape's axis groups: the shortest runs of `source` axes and `target` axes with
+    equal products (no size is 0)."""
+    groups: list[tuple[list[int], list[int]]] = []
+    i = j = 0
+    while i < len(source) or j < len(target):
+        a: list[int] = []
+        b: list[int] = []
+        pa = pb = 1
+        if i < len(source):
+            a.append(i)
+            pa *= source[i]
+            i += 1
+        if j < len(target):
+            b.append(j)
+            pb *= target[j]
+            j += 1
+        while pa != pb:
+            if pa < pb:
+                a.append(i)
+                pa *= source[i]
+                i += 1
+            else:
+                b.append(j)
+                pb *= target[j]
+                j += 1
+        groups.append((a, b))
+    return groups
+
+
+def _reshape_part(op: ir.Operation, index: int, mask: Mask) -> Mask | Refusal:
+    """Each group of result axes that the part varies along is spelled out and reshaped to
+    the operand's axes of the same group (row-major: the elements keep their order)."""
+    result, operand = _shape(op.results[0]), _shape(op.operands[0])
+    if 0 in result:
+        return Refusal(Code.NOT_HOMOGENEOUS, f"{_short(op)} of an empty tensor")
+    full = list(mask.shape)
+    new: list[int] = []
+    for r_axes, o_axes in _groups(result, operand):
+        if any(mask.shape[a] > 1 for a in r_axes):
+            for a in r_axes:
+                full[a] = result[a]
+            new += [operand[a] for a in o_axes]
+        else:
+            new += [1] * len(o_axes)
+    found = _too_large(op, math.prod(full))
+    if found is not None:
+        return found
+    return compress(np.broadcast_to(mask, full).reshape(new))
+
+
+def _slice_part(op: ir.Operation, index: int, mask: Mask) -> Mask | Refusal:
+    """The operand is scaled where the slice reads it with the result's part, and read
+    unscaled everywhere else."""
+    operand = _shape(op.operands[0])
+    rank = len(operand)
+    starts = attributes.ints(op, "start_indices", default=0, rank=rank)
+    limits = attributes.ints(op, "limit_indices", default=0, rank=rank)
+    strides = attributes.ints(op, "strides", default=1, rank=rank)
+    whole = [starts[a] == 0 and limits[a] == operand[a] and strides[a] == 1 and
+             mask.shape[a] == 1 for a in range(rank)]
+    shape = [1 if whole[a] else operand[a] for a in range(rank)]
+    found = _too_large(op, math.prod(shape))
+    if found is not None:
+        return found
+    out = np.zeros(shape, dtype=bool)
+    window = tuple(slice(None) if whole[a] else slice(starts[a], limits[a], strides[a])
+                   for a in range(rank))
+    part = np.broadcast_to(mask, [1 if whole[a] else len(range(starts[a], limits[a], strides[a]))
+                                  for a in range(rank)])
+    out[window] = part
+    return compress(out)
+
+
+def _concatenate_part(op: ir.Operation, index: int, mask: Mask) -> Mask | Refusal:
+    axis = attributes.integer(op, "dimension")
+    if mask.shape[axis] == 1:
+        return mask
+    start = sum(_shape(op.operands[i])[axis] for i in range(index))
+    size = _shape(op.operands[index])[axis]
+    return compress(np.take(mask, range(start, start + size), axis=axis))
+
+
+def _dot_part(op: ir.Operation, index: int, mask: Mask) -> Mask | Refusal:
+    """The result's axes are (batch, lhs free, rhs free): operand `index` takes the part on
+    its batch and free axes (size 1 on the contracted ones), which must not vary along the
+    other operand's free axes (those positions share this operand's elements)."""
+    dims = attributes.dot_dims(op)
+    ranks = [len(_shape(o)) for o in op.operands[:2]]
+    batch = [list(dims.lhs_batching_dimensions), list(dims.rhs_batching_dimensions)]
+    contracting = [list(dims.lhs_contracting_dimensions), list(dims.rhs_contracting_dimensions)]
+    free = [[a for a in range(ranks[k]) if a not in batch[k] and a not in contracting[k]]
+            for k in (0, 1)]
+    n_batch = len(batch[0])
+    result_of = [list(range(n_batch, n_batch + len(free[0]))),
+                 list(range(n_batch + len(free[0]), n_batch + len(free[0]) + len(free[1])))]
+    if any(mask.shape[a] > 1 for a in result_of[1 - index]):
+        return Refusal(Code.NOT_HOMOGENEOUS, f"only part of {_short(op)}'s result is scaled, "
+                                             "and the part varies along the other operand's "
+                                             "axes: no one factor of this operand gives it")
+    shape = [1] * ranks[index]
+    axes: dict[int, int] = {}
+    for k, a in enumerate(batch[index]):
+        axes[a] = k
+    for k, a in enumerate(free[index]):
+        axes[a] = result_of[index][k]
+    for a, r in axes.items():
+        shape[a] = mask.shape[r]
+    order = [axes[a] for a in sorted(axes)]
+    picked = np.transpose(mask, [*order, *(r for r in range(mask.ndim) if r not in order)])
+    picked = picked.reshape([mask.shape[r] for r in order])
+    return picked.reshape(shape)
+
+
 _MOVES = "moves values only: exact"
 
 SCALAR_LAWS: dict[str, ScalarLaw] = {
-    "stablehlo.reshape": ScalarLaw(_MOVES, _linear_in(0), _exact),
-    "stablehlo.transpose": ScalarLaw(_MOVES, _linear_in(0), _exact),
-    "stablehlo.broadcast_in_dim": ScalarLaw(_MOVES, _linear_in(0), _exact),
-    "stablehlo.slice": ScalarLaw(_MOVES + " (RoPE's halves)", _linear_in(0), _exact),
+    "stablehlo.reshape": ScalarLaw(_MOVES, _linear_in(0), _exact, part=_reshape_part),
+    "stablehlo.transpose": ScalarLaw(_MOVES, _linear_in(0), _exact, part=_transpose_part),
+    "stablehlo.broadcast_in_dim": ScalarLaw(_MOVES, _linear_in(0), _exact, part=_broadcast_part),
+    "stablehlo.slice": ScalarLaw(_MOVES + " (RoPE's halves); or only the part it reads takes c "
+                                 "(q of a fused QKV projection)", _slice_ways, _exact, part=_slice_part),
     "stablehlo.concatenate": ScalarLaw(_MOVES + "; a constant piece is scaled with it",
-                                       _linear_in(), _exact),
-    "stablehlo.negate": ScalarLaw("-(c x) = c (-x): exact", _linear_in(0), _exact),
-    "stablehlo.select": ScalarLaw("select(p, c a, c b): exact (a constant branch is scaled)",
-                                  _select_ways, _exact),
+                                       _linear_in(), _exact, part=_concatenate_part),
+    "stablehlo.negate": ScalarLaw("-(c x) = c (-x): exact", _linear_in(0), _exact, part=_same_part),
+    "stablehlo.select": ScalarLaw("select(p, c a, c b): exact (a constant branch is scaled; a NaN or zero "
+                                  "fill, which c leaves as it is, is not rewritten)",
+                                  _select_ways, _exact, part=_same_part),
     "stablehlo.pad": ScalarLaw("pad(c x, 0) = c pad(x, 0): exact; no other pad value",
                                _pad_ways, _exact),
     "stablehlo.gather": ScalarLaw("gather(c T, i) = c gather(T, i): exact; a constant table "
@@ -1219,18 +1401,19 @@ SCALAR_LAWS: dict[str, ScalarLaw] = {
                                    "narrowing convert c x rounds once in the wide type (the "
                                    "original rounded twice); never moved into a narrower type "
                                    "than where the original scaled", _convert_ways,
-                                   _convert_precision),
+                                   _convert_precision, part=_same_part),
     "stablehlo.add": ScalarLaw("c (a + b) = c a + c b: both values scaled, a constant (a bias) "
-                               "scaled with them; rounds the same sum", _linear_in(0, 1), _rounds),
-    "stablehlo.subtract": ScalarLaw("c (a - b) = c a - c b", _linear_in(0, 1), _rounds),
+                               "scaled with them; rounds the same sum", _linear_in(0, 1), _rounds,
+                               part=_same_part),
+    "stablehlo.subtract": ScalarLaw("c (a - b) = c a - c b", _linear_in(0, 1), _rounds, part=_same_part),
     "stablehlo.multiply": ScalarLaw("c (x k) = (c x) k = x (c k): through x, or into the constant "
                                     "factor k (a norm's weight); c (x y) = (c x) y", _multiply_ways,
-                                    _rounds),
+                                    _rounds, part=_same_part),
     "stablehlo.divide": ScalarLaw("c (x / y) = (c x) / y = x / (y / c); not c / x",
-                                  _divide_ways, _rounds),
+                                  _divide_ways, _rounds, part=_same_part),
     "stablehlo.dot_general": ScalarLaw("c (x W) = x (c W): into a constant operand (the weight) "
                                        "or through the other; of two values, through either "
-                                       "(q k^T: into q)", _bilinear, _rounds),
+                                       "(q k^T: into q)", _bilinear, _rounds, part=_dot_part),
     "stablehlo.convolution": ScalarLaw("c conv(x, K) = conv(x, c K) = conv(c x, K)", _bilinear,
                                        _rounds),
     "stablehlo.reduce": ScalarLaw("c sum(x) = sum(c x) with init 0; rounds the same sum",

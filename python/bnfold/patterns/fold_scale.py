@@ -57,6 +57,7 @@ from bnfold.constants import argument_refusal, is_function_argument
 from bnfold.graph import as_operation, defining_op, function_name
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern
+from bnfold.patterns.inline_calls import CallSite, ops_within
 from bnfold.patterns.rewrite import KernelRewrite, plan_kernel
 from bnfold.refusal import Code, Refusal, refused
 from bnfold.report import Fold
@@ -100,6 +101,7 @@ class Edit:
     rewrite: KernelRewrite
     reader: ir.Operation
     terminal: bool
+    channels: tuple[int, int] | None = None  # (scaled, all) where only part of it is scaled
 
 
 @dataclass(frozen=True)
@@ -117,7 +119,7 @@ class _Walk:
     match: Match
     policy: dict[Handle, int]
     reaches: dict[Handle, bool]
-    scaled: dict[ir.Value, None] = field(default_factory=dict)
+    scaled: dict[ir.Value, laws.Mask | None] = field(default_factory=dict)  # None: all of it
     region: set[Handle] = field(default_factory=set)
     through: set[tuple[Handle, int]] = field(default_factory=set)  # (op, operand) scaled
     trail: list[tuple[Handle, int]] = field(default_factory=list)
@@ -139,18 +141,29 @@ class _Walk:
                 user = as_operation(use.owner)
                 if user is None or self.ctx.analysis.is_dead(user):
                     continue
-                if (self.handle(user), use.operand_number) not in self.through:
+                if (self.handle(user), use.operand_number) not in self.through and \
+                        not _reads_unscaled(user, self.scaled[value]):
                     # another op, or a region op that reads it where the scale does not pass
                     # (x * k with c gone into k: x must not be scaled as well)
+                    if self.scaled[value] is not None:
+                        return Refusal(Code.USERS, f"only part of {_name(value)} would take the "
+                                                   f"scale, but {user.name} also reads some of "
+                                                   "that part unscaled; scaling it would change "
+                                                   "that op")
                     return Refusal(Code.USERS, f"{_name(value)} is also read by {user.name} "
                                                "unscaled; scaling it would change that op")
         if not any(e.terminal for e in self.edits):
             return Refusal(Code.NO_PRODUCER, "no weight on the way")
         return Plan(self.match, tuple(self.edits), tuple(self.crossed))
 
-    def visit(self, value: ir.Value, user: ir.Operation) -> Refusal | None:
+    def visit(self, value: ir.Value, user: ir.Operation, mask: laws.Mask | None = None
+              ) -> Refusal | None:
+        """Scale `value` (where `mask` is True; all of it without one) and walk on."""
         if value in self.scaled:
-            return None
+            if _same_mask(self.scaled[value], mask):
+                return None
+            return Refusal(Code.USERS, f"{_name(value)} is reached twice, with different parts "
+                                       "of it scaled")
         if len(self.scaled) >= MAX_SCALED:
             return Refusal(Code.LIMIT, f"the walk passed {MAX_SCALED} values without closing")
         ty = elements.tensor_type(value)
@@ -167,11 +180,12 @@ class _Walk:
         analysis = self.ctx.analysis
         for other in analysis.live_users(value):
             if other != user and other != self.match.root and \
-                    self.handle(other) not in self.region and not self.forward(other):
+                    self.handle(other) not in self.region and not self.forward(other) and \
+                    not _reads_unscaled(other, mask):
                 return Refusal(Code.USERS, f"{_name(value)} is also read by {other.name}, which "
                                            "does not lead to the scale; scaling it would change "
                                            "that op")
-        self.scaled[value] = None
+        self.scaled[value] = mask
         op = defining_op(value)
         if op is None:
             if is_function_argument(value):
@@ -189,6 +203,12 @@ class _Walk:
             return ways
         if op.name in PRODUCERS:
             self.reached = True
+        if mask is not None:
+            if law.part is None:
+                return Refusal(Code.NO_LAW, f"only part of {_name(value)} is scaled (a slice of "
+                                            f"it reads the rest unscaled), and no law moves a "
+                                            f"scale on part of a value through {op.name}")
+            ways = [w for w in ways if w.part] or ways  # a slice: only its part, again
         way = ways[0]
         if len(ways) > 1:
             key = self.handle(op)
@@ -197,12 +217,20 @@ class _Walk:
         self.region.add(self.handle(op))
         self.through.update((self.handle(op), i) for i in way.through)
         self.crossed.append(op.name.removeprefix("stablehlo."))
-        for index in way.into:
-            found = self.edit(op, index, way)
-            if found is not None:
-                return found
-        for index in way.through:
-            found = self.visit(op.operands[index], op)
+        for index in (*way.into, *way.through):
+            part = mask
+            if mask is not None or way.part:
+                assert law.part is not None
+                mapped = law.part(op, index, mask if mask is not None else _everything(value))
+                if isinstance(mapped, Refusal):
+                    return mapped
+                if not np.any(mapped):
+                    continue  # this operand holds none of the scaled part (a K slice's piece)
+                part = None if bool(np.all(mapped)) else mapped
+            if index in way.into:
+                found = self.edit(op, index, way, part)
+            else:
+                found = self.visit(op.operands[index], op, part)
             if found is not None:
                 return found
         return None
@@ -234,15 +262,30 @@ class _Walk:
             self.reaches[start] = found
         return self.reaches[start]
 
-    def edit(self, reader: ir.Operation, index: int, way: laws.ScalarWay) -> Refusal | None:
-        """Operand `index` of `reader` (a constant) times the scale: behind the layout ops only
-        this path reads, the constant itself; refused when another op reads it too (a copy)."""
+    def edit(self, reader: ir.Operation, index: int, way: laws.ScalarWay,
+             mask: laws.Mask | None) -> Refusal | None:
+        """Operand `index` of `reader` (a constant) times the scale (where `mask` is True):
+        behind the layout ops only this path reads, the constant itself; refused when
+        another op reads it too (a copy)."""
         analysis = self.ctx.analysis
         target, operand, value = reader, index, reader.operands[index]
         while True:
             owner = defining_op(value)
             if owner is None or owner.name not in PEEL or len(analysis.live_users(value)) != 1:
                 break
+            if mask is not None:
+                law = laws.SCALAR_LAWS[owner.name]
+                assert law.part is not None
+                found = law.part(owner, 0, mask)
+                if isinstance(found, Refusal):
+                    # one value repeated where the part varies: scaling part of it would
+                    # write a constant as large as the activation
+                    return Refusal(Code.AXIS, f"only part of {_role(reader, way)} of "
+                                              f"{reader.name} would take the scale, but it is "
+                                              f"one value repeated where the part varies "
+                                              f"({found.message}); scaling part of it would "
+                                              "write a constant of the activation's size")
+                mask = found
             target, operand, value = owner, 0, owner.operands[0]
         others = [u for u in analysis.live_users(value) if u != target]
         role = _role(reader, way)
@@ -258,6 +301,8 @@ class _Walk:
                            f"{', '.join(r.name for r in readers)}; folding would copy it "
                            f"({size} bytes). Left as is: untie the weight to fold it")
         factor = 1.0 / self.match.scale if way.inverse else self.match.scale
+        if not way.terminal and _unchanged(analysis, value, factor):
+            return None  # c * NaN = NaN, c * 0 = 0: a take's out-of-range fill stays as it is
         ty = elements.tensor_type(value)
         own = elements.numpy_dtype(ty.element_type) if ty is not None else None
         compute = own if own is not None and self.exact_in(own) else self.match.compute
@@ -265,10 +310,15 @@ class _Walk:
                                   reader.name.removeprefix("stablehlo."))
         if isinstance(kernel, Refusal):
             return kernel.wrap(f"{role} of {reader.name}")
-        rewrite = plan_kernel(kernel, np.asarray(factor, dtype=np.float64), operand)
+        scale = np.asarray(factor, dtype=np.float64)
+        channels = None
+        if mask is not None:
+            scale = np.where(mask, scale, 1.0)
+            channels = (int(np.count_nonzero(mask)), int(mask.size))
+        rewrite = plan_kernel(kernel, scale, operand)
         if isinstance(rewrite, Refusal):
             return rewrite.wrap(f"{role} of {reader.name}")
-        self.edits.append(Edit(target, operand, rewrite, reader, way.terminal))
+        self.edits.append(Edit(target, operand, rewrite, reader, way.terminal, channels))
         return None
 
 
@@ -292,7 +342,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
     def match(self, ctx: Context, root: ir.Operation) -> Match | None:
         if ctx.rewriter.is_replaced(root) or ctx.ledger.is_folded(root):
             return None
-        found = _scalar(ctx, root)
+        found = _scalar(ctx.analysis, root)
         if found is None:
             return None
         operand, scale = found
@@ -352,7 +402,9 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         match = plan.match
         weights = [e for e in plan.edits if e.terminal]
         first = weights[0].reader
-        into = ", ".join(f"{_role(e.reader, None)} of {ledger.location(e.reader)}"
+        into = ", ".join(f"{_role(e.reader, None)} of {ledger.location(e.reader)}" +
+                         (f" (its {e.channels[0]} of {e.channels[1]} output channels that the "
+                          "slice reads)" if e.channels else "")
                          for e in weights)
         biases = sum(1 for e in plan.edits if not e.terminal)
         note = f"{match.scale:.6g} into {into}" + (f" (and {biases} bias(es))" if biases else "") + \
@@ -369,11 +421,76 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         if isinstance(subject, Match):
             ctx.ledger.refuse(subject.root, refusal)
 
+    def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
+        """A helper whose scale's walk crosses this call: a scale inside it (an attention
+        helper, a platform branch) on a value its arguments carry in (q from the caller's
+        `x Wq`, or a weight passed as an argument), or a result (`@proj(%x)` returning
+        `x Wq`, through RoPE) that the caller scales. Each call site gets its own copy
+        (inline-calls), so a helper called twice folds twice."""
+        analysis = ctx.analysis
+        site = CallSite(call, callee)
+        if ctx.body_ops(callee) & {*ROOT_OPS, "func.call"}:
+            for op, inner in ops_within(site):
+                if op.name in ROOT_OPS and (found := _scalar(analysis, op)) is not None and \
+                        _back_to_arguments(op.operands[found[0]], inner, analysis):
+                    return True
+        if not (ctx.body_ops(callee) & {*PRODUCERS, "func.call"}):
+            return False  # nothing in it a scale could go into
+        return any(_forward_to_scale(result, analysis) for result in call.results)
 
-def _scalar(ctx: Context, root: ir.Operation) -> tuple[int, float] | None:
+
+def _back_to_arguments(value: ir.Value, site: CallSite, analysis: Analysis) -> bool:
+    """Whether the walk back from a scaled value inside a helper, through ops with scalar
+    laws, reaches an argument of the helper that comes from an op of the caller (or a
+    producer whose weight is an argument): where the fold needs the caller's IR."""
+    todo: list[ir.Value] = [value]
+    seen: set[ir.Value] = set()
+    while todo and len(seen) < MAX_FORWARD:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        if current in site.arguments:
+            passed = site.argument_value(current)
+            owner = defining_op(passed) if passed is not None else None
+            if owner is not None and (owner.name in laws.SCALAR_LAWS or
+                                      owner.name in PRODUCERS or owner.name == "func.call"):
+                return True
+            continue
+        op = defining_op(current)
+        if op is None:
+            continue
+        if op.name == "func.call":
+            return True  # a nested helper: the next round looks inside it
+        if op.name in PRODUCERS and any(o in site.arguments for o in op.operands):
+            return True
+        if op.name in laws.SCALAR_LAWS:
+            todo.extend(o for o in op.operands if not analysis.is_constant(o))
+    return False
+
+
+def _forward_to_scale(value: ir.Value, analysis: Analysis) -> bool:
+    """Whether `value` (a call's result) reaches a constant scalar scale through ops with
+    scalar laws."""
+    todo: list[ir.Value] = [value]
+    seen: set[ir.Value] = set()
+    while todo and len(seen) < MAX_FORWARD:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.add(current)
+        for user in analysis.live_users(current):
+            if user.name in ROOT_OPS and (found := _scalar(analysis, user)) is not None and \
+                    user.operands[found[0]] == current:
+                return True
+            if user.name in laws.SCALAR_LAWS:
+                todo.extend(user.results)
+    return False
+
+
+def _scalar(analysis: Analysis, root: ir.Operation) -> tuple[int, float] | None:
     """(the scaled operand, the scale) when `root` multiplies a value computed at run time by
     a constant scalar (or divides it by one), else None."""
-    analysis = ctx.analysis
     indices = (0, 1) if root.name == "stablehlo.multiply" else (1,)
     for index in indices:
         const = analysis.constant(root.operands[index])
@@ -388,6 +505,41 @@ def _scalar(ctx: Context, root: ir.Operation) -> tuple[int, float] | None:
             return None
         return 1 - index, scale
     return None
+
+
+def _unchanged(analysis: Analysis, value: ir.Value, factor: float) -> bool:
+    """Whether a constant is the same times `factor`: all NaN or zero (or infinite, for a
+    positive factor), as the NaN fill of a gather's out-of-range rows."""
+    ty = elements.tensor_type(value)
+    if ty is None or math.prod(ty.shape) > 4096:
+        return False
+    const = analysis.constant(value)
+    if const is None:
+        return False
+    values = np.asarray(const.array, dtype=np.float64)
+    fixed = np.isnan(values) | (values == 0) | (np.isinf(values) & (factor > 0))
+    return bool(np.all(fixed))
+
+
+def _everything(value: ir.Value) -> laws.Mask:
+    return np.ones((1,) * len(ir.RankedTensorType(value.type).shape), dtype=bool)
+
+
+def _same_mask(a: laws.Mask | None, b: laws.Mask | None) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
+def _reads_unscaled(user: ir.Operation, mask: laws.Mask | None) -> bool:
+    """Whether `user` reads only the unscaled part of a value scaled where `mask` is True
+    (the K and V slices of a fused projection whose q slice takes the scale)."""
+    if mask is None or user.name != "stablehlo.slice":
+        return False
+    law = laws.SCALAR_LAWS["stablehlo.slice"]
+    assert law.part is not None
+    read = law.part(user, 0, _everything(user.results[0]))
+    return not isinstance(read, Refusal) and not bool(np.any(read & mask))
 
 
 def _reader(op: ir.Operation, analysis: Analysis) -> ir.Operation:

@@ -50,6 +50,7 @@ from bnfold.graph import callee_name, defining_op, function_name
 from bnfold.ir import format_location, ir, stablehlo
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.forward_affine import FORWARD_FOLDS
+from bnfold.patterns.inline_calls import CallSite, behind_calls
 from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
 from bnfold.refusal import Code, Refusal
 from bnfold.report import Fold
@@ -576,6 +577,27 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
 
     def apply(self, rewriter: Rewriter, plan: Plan) -> Applied:
         return build(rewriter, plan)
+
+    def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
+        """A norm helper (`@rms_norm(%x, %w)`, jitted) whose result the caller's linear
+        layers read, or a helper with linear layers that reads a normalized value the
+        caller passes it. Each call site gets its own copy (inline-calls)."""
+        analysis = ctx.analysis
+        if ctx.body_ops(callee) & set(_ELEMENTWISE):
+            site = CallSite(call, callee)
+            for index, result in enumerate(call.results):
+                value, _ = behind_calls(site.returned(index), site)
+                owner = defining_op(value)
+                if owner is not None and owner.name in _ELEMENTWISE and _normalizes(value) and \
+                        consumers(result, analysis)[0]:
+                    return True
+        if not (ctx.body_ops(callee) & {*producers.NAMES, "func.call"}):
+            return False
+        for operand in call.operands:
+            owner = defining_op(operand)
+            if owner is not None and owner.name in _ELEMENTWISE and _normalizes(operand):
+                return True
+        return False
 
     def record(self, ctx: Context, plan: Plan, applied: Applied) -> None:
         m = plan.match
