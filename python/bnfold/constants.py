@@ -558,6 +558,12 @@ def loop_refusal(value: ir.Value, subject: str, evaluator: Evaluator) -> Refusal
     `dynamic_slice` reading only those and constants. None when `value` depends on
     anything else (an activation computed in the body, a function argument).
     """
+    owner = defining_op(value)
+    if owner is None:
+        if not _carried_by_loop(value):
+            return None
+    elif not _inside_loop(owner):  # only a loop body reads what a loop carries
+        return None
     found = False
     stack = [value]
     for _ in range(256):
