@@ -241,3 +241,12 @@ def test_skip_func_over_a_split_input_names_a_function_of_some_chunk(tmp_path, c
     assert not out.exists()
     assert capsys.readouterr().err.strip() == "bnfold-opt: --skip-func: error: the module has " \
         'no function @lambda; its functions: @main, @"<lambda>"'
+
+
+def test_options_survive_pickling():
+    """FoldOptions is built from the schema at import time: it must still name the module
+    that holds it, or pickling (multiprocessing, a cached run) cannot find the class."""
+    import pickle
+
+    given = FoldOptions(equalize=True, skip_functions=["f"])
+    assert pickle.loads(pickle.dumps(given)) == given
