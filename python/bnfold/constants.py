@@ -564,34 +564,20 @@ def loop_refusal(value: ir.Value, subject: str, evaluator: Evaluator) -> Refusal
             return None
     elif not _inside_loop(owner):  # only a loop body reads what a loop carries
         return None
-    found = False
-    stack = [value]
-    for _ in range(256):
-        if not stack:
-            break
-        current = stack.pop()
-        if evaluator.constant(current) is not None:
-            continue
-        owner = defining_op(current)
-        if owner is None:
-            if not _carried_by_loop(current):
-                return None
-            found = True
-        elif owner.name in ("func.call", "stablehlo.dynamic_slice"):
-            if not all(evaluator.constant(v) is not None or _carried_by_loop(v)
-                       for v in owner.operands):
-                return None
-            found = True
-        elif owner.name in _EVALUATORS:
-            stack.extend(value_operands(owner))
-        else:
-            return None
-    else:
-        return None
-    if not found:
+    sources = _sources(value, evaluator, opaque=("func.call", "stablehlo.dynamic_slice"))
+    if not sources or not all(_carried_by_loop(v) or _reads_only_carried(v, evaluator)
+                               for v in sources):
         return None
     return Refusal(Code.LOOP, f"{subject} is not constant: it is sliced, per iteration, from "
                               f"the values a stablehlo.while loop carries; {UNROLL_HINT}")
+
+
+def _reads_only_carried(value: ir.Value, evaluator: Evaluator) -> bool:
+    """`value` is the result of an op (a call, a dynamic_slice) whose operands are all
+    constants or what a loop carries."""
+    owner = defining_op(value)
+    return owner is not None and all(
+        evaluator.constant(v) is not None or _carried_by_loop(v) for v in owner.operands)
 
 
 def _carried_by_loop(value: ir.Value) -> bool:
@@ -609,23 +595,31 @@ def parameter_argument(value: ir.Value, evaluator: Evaluator) -> ir.Value | None
     constants): `bcast(reshape(%arg3))` is the parameter %arg3. Returns None
     when the value depends on anything else (an activation, a loop variable).
     """
-    found: ir.Value | None = None
+    sources = _sources(value, evaluator)
+    if sources is None or not all(is_function_argument(v) for v in sources):
+        return None
+    return sources[0] if sources else None
+
+
+def _sources(value: ir.Value, evaluator: Evaluator, opaque: tuple[str, ...] = ()
+             ) -> list[ir.Value] | None:
+    """The non-constant values `value` is computed from through evaluable ops (broadcasts,
+    reshapes, rsqrt, arithmetic with constants): block arguments, and results of the ops
+    named in `opaque`, which the walk does not enter. None when it meets any other op
+    (an activation's producer, a call) or takes more than 256 steps."""
+    sources: list[ir.Value] = []
     stack = [value]
-    seen = 0
-    while stack:
-        seen += 1
-        if seen > 256:
-            return None
+    for _ in range(256):
+        if not stack:
+            return sources
         current = stack.pop()
         if evaluator.constant(current) is not None:
             continue
         owner = defining_op(current)
-        if owner is None:
-            if not is_function_argument(current):
-                return None
-            found = found or current
-            continue
-        if owner.name not in _EVALUATORS or owner.name == "func.call":
+        if owner is None or owner.name in opaque:
+            sources.append(current)
+        elif owner.name not in _EVALUATORS or owner.name == "func.call":
             return None
-        stack.extend(value_operands(owner))
-    return found
+        else:
+            stack.extend(value_operands(owner))
+    return None

@@ -44,7 +44,7 @@ import math
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
@@ -71,25 +71,24 @@ def significand_bits(dtype: np.dtype) -> int:
 
 
 @functools.cache  # asked per fold (numpy's finfo is Python code)
+def _finfo(dtype: np.dtype) -> Any:
+    """numpy's finfo of a float dtype; ml_dtypes' for bfloat16 and the other narrow types."""
+    dtype = np.dtype(dtype)
+    if dtype.kind == "f":
+        return np.finfo(dtype)
+    import ml_dtypes
+
+    return ml_dtypes.finfo(dtype)
+
+
 def largest(dtype: np.dtype) -> float:
     """The largest finite value of a float dtype (bfloat16 too)."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return float(np.finfo(dtype).max)
-    import ml_dtypes
-
-    return float(ml_dtypes.finfo(dtype).max)
+    return float(_finfo(dtype).max)
 
 
-@functools.cache  # asked per fold (numpy's finfo is Python code)
 def smallest_normal(dtype: np.dtype) -> float:
     """The smallest positive normal value of a float dtype (bfloat16 too)."""
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return float(np.finfo(dtype).smallest_normal)
-    import ml_dtypes
-
-    return float(ml_dtypes.finfo(dtype).smallest_normal)
+    return float(_finfo(dtype).smallest_normal)
 
 
 def same_exponent_range(wide: np.dtype, narrow: np.dtype) -> bool:
@@ -417,12 +416,7 @@ def flushed_below(dtype: np.dtype) -> float:
     subnormal (only an exact zero is zero)."""
     if type_name(dtype) in _FLUSHED:
         return smallest_normal(dtype)
-    dtype = np.dtype(dtype)
-    if dtype.kind == "f":
-        return float(np.finfo(dtype).smallest_subnormal)
-    import ml_dtypes
-
-    return float(ml_dtypes.finfo(dtype).smallest_subnormal)
+    return float(_finfo(dtype).smallest_subnormal)
 
 
 def _finish(exact: np.ndarray, storage: np.dtype, effective: np.dtype, *,
