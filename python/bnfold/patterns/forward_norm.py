@@ -27,10 +27,21 @@ convert to the weight's type (Hugging Face), or as `1 + w` (Gemma). The bare
 `n` is rebuilt from the same ops with the constants left out.
 
 Between the value and each linear layer there may be reshapes, transposes and
-float converts (fanning out); every use must end at a convolution or
-dot_general that reads it as its activation with a constant kernel. Any other
-use (a residual add in a post-norm block, a value returned from the function,
-attention's `q @ k^T`) refuses the fold (`nonlinear-consumer`), naming the op.
+float converts (fanning out), and the steps of `bnfold.laws.NORM_PATH_LAWS`
+that keep the feature axis whole: ViT's CLS-token slice, Swin's mean pooling
+(the sum turns the shift b into m b), a zero-width pad. Before (the head of a
+ViT, `%v` the final norm's `n * g + b`):
+
+    %c = stablehlo.slice %v [0:1, 0:1, 0:96]
+    %r = stablehlo.reshape %c : (tensor<1x1x96xf32>) -> tensor<1x96xf32>
+    %y = stablehlo.dot_general %r, %w ...
+
+After: the same slice and reshape of the bare `%n`, `%w2 = diag(g) w`, and a
+bias `b w` added to `%y`. Every use must end at a convolution or dot_general
+that reads it as its activation with a constant kernel. Any other use (a
+residual add in a post-norm block, a value returned from the function,
+attention's `q @ k^T`) refuses the fold (`nonlinear-consumer`), naming the op;
+so does a norm no linear layer reads at all (found from its affine chain).
 Precision: each kernel is scaled in float64 and rounded once to its type
 (docs/precision.md, rule 7).
 """
@@ -139,6 +150,8 @@ def _factor_op(op: ir.Operation, v: ir.Value, axis: int, analysis: Analysis,
         operands.append(vector)
     shaped = [i for i, f in enumerate(operands)
               if isinstance(f, Form) and not f.factored.is_bare]
+    if not any(isinstance(f, Form) for f in operands):
+        return None  # a constant (a norm's step on constants only: its value is not a norm)
     if len(shaped) == len(operands) == 0 or \
             (not shaped and all(isinstance(f, Form) for f in operands)):
         return None  # nothing constant anywhere behind it: the value is its own bare n
@@ -293,8 +306,8 @@ def _input_axis(op: ir.Operation, index: int) -> int | None:
 
 def _passes(op: ir.Operation, v: ir.Value, analysis: Analysis) -> bool:
     """Whether the walk from a normalized value goes on through `op` (reading `v`): a layout
-    op, or a step with a law in `PATH_LAWS` (whether it keeps the feature axis whole is
-    checked by `trace` once the layer says which axis that is)."""
+    op, or a step with a law in `laws.NORM_PATH_LAWS` (whether it keeps the feature axis
+    whole is checked by `trace` once the layer says which axis that is)."""
     if len(op.results) != 1 or not _float(op.results[0]):
         return False
     if op.name in ("stablehlo.multiply", "stablehlo.divide"):
@@ -302,34 +315,13 @@ def _passes(op: ir.Operation, v: ir.Value, analysis: Analysis) -> bool:
         if (op.name == "stablehlo.divide" and index != 0) or op.operands[1 - index] == v:
             return False
         return _scalar(op.operands[1 - index], analysis) is not None
-    if op.name not in _LAYOUT and op.name not in PATH_LAWS:
+    if op.name not in _LAYOUT and op.name not in laws.NORM_PATH_LAWS:
         return False
     if op.operands[0] != v or any(o == v for o in list(op.operands)[1:]):
         return False
     if op.name == "stablehlo.broadcast_in_dim":  # only one that adds unit axes
         return _size(op.operands[0]) == _size(op.results[0])
     return op.name != "stablehlo.reduce" or len(op.operands) == 2
-
-
-# How each step between a normalized value and a linear layer commutes with its per-feature
-# affine `n * g + b` (along feature axis a). Each keeps axis a whole and acts on every
-# feature alike, so path(n * g + b) = path(n) * g + k b, with k the factor the step gives
-# a constant (docs/precision.md, rule 7). Layout ops (reshape, transpose, a float convert)
-# move the axis. The fuzzer's `norm_fan_out` stratum generates each (tests/regiongen.py).
-PATH_LAWS: dict[str, str] = {
-    "stablehlo.slice": "slice(n g + b) = slice(n) g + b when a is kept whole (the CLS token "
-                       "of ViT): exact, moves values",
-    "stablehlo.broadcast_in_dim": "adding unit axes (a mean's keepdims) moves a: exact",
-    "stablehlo.reduce": "sum over axes other than a (zero init): sum(n g + b) = sum(n) g + "
-                        "m b, m the count summed; rounds a sum of n instead of n g + b",
-    "stablehlo.multiply": "(n g + b) c = (n c) g + c b for a scalar constant c (a mean's "
-                          "1/m): rounds the same product",
-    "stablehlo.divide": "(n g + b) / c = (n / c) g + b / c for a scalar constant c (a mean's "
-                        "count): rounds the same quotient",
-    "stablehlo.pad": "pad with zero widths is the identity; pad(n g, 0) = pad(n, 0) g on axes "
-                     "other than a; with a shift it does not commute (the padded positions "
-                     "would read b, not 0): refused",
-}
 
 
 def _size(v: ir.Value) -> int:
@@ -352,7 +344,7 @@ def trace(path: tuple[ir.Operation, ...], axis: int | None, layer: ir.Operation,
           analysis: Analysis) -> tuple[int, float, ir.Operation | None] | Refusal:
     """The producer-input `axis` mapped back through `path` to the value it starts at, the
     factor the path gives a shift, and a pad on it that adds positions; a refusal where a
-    step cuts, merges or reduces the feature axis (by `PATH_LAWS`)."""
+    step cuts, merges or reduces the feature axis (by `laws.NORM_PATH_LAWS`)."""
     def cut(op: ir.Operation, what: str) -> Refusal:
         return Refusal(Code.AXIS, f"forward-norm: the {_short(op)} at {_where(op)} before the "
                                   f"{_short(layer)} at {_where(layer)} {what}")
