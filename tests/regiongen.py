@@ -1333,19 +1333,30 @@ def _norm_path(b: Builder, v: Val, pick: int) -> Val:
     other than the features: 0 nothing; 1 a slice (ViT's CLS token); 2 a mean (reduce +
     divide: Swin's and ConvNeXt's pooling); 3 a sum; 4 a pad of zero widths (Swin's F.pad
     when the window divides the map); 5 a real zero pad (refused with a shift: the padded
-    positions would read beta)."""
+    positions would read beta); 6 torch.roll (two slices concatenated back, Swin's
+    shifted windows)."""
     axis = v.axis
     assert axis is not None
     other = [d for d in range(len(v.shape)) if d != axis and v.shape[d] >= 2]
-    kind = pick % 6
+    kind = pick % 7
     if kind == 0 or not other:
         return v
-    d = other[pick // 6 % len(other)]
+    d = other[pick // 7 % len(other)]
     b.features.add("norm_path")
     if kind == 1:
         limit = list(v.shape)
         limit[d] = (v.shape[d] + 1) // 2
         out = _slice(b, v, [0] * len(v.shape), limit)
+        return Val(out.name, out.type, out.value, axis, out.mag)
+    if kind == 6:
+        rank, size = len(v.shape), v.shape[d]
+        cut = 1 + pick % (size - 1)
+        pieces = []
+        for start, limit in ((cut, size), (0, cut)):
+            lo, hi = [0] * rank, list(v.shape)
+            lo[d], hi[d] = start, limit
+            pieces.append(_slice(b, v, lo, hi))
+        out = _concat(b, pieces, d)
         return Val(out.name, out.type, out.value, axis, out.mag)
     if kind in (2, 3):
         total = b.reduce(v, b.constant(0.0, v.dtype), "stablehlo.add", [d])
@@ -1479,7 +1490,8 @@ STEP_OPS: dict[str, tuple[str, ...]] = {
     "call": ("func.call",),
     "norm": ("stablehlo.reduce", "stablehlo.divide", "stablehlo.subtract", "stablehlo.multiply",
              "stablehlo.add", "stablehlo.rsqrt", "stablehlo.negate", "stablehlo.dot_general",
-             "stablehlo.slice", "stablehlo.pad", "stablehlo.broadcast_in_dim"),
+             "stablehlo.slice", "stablehlo.pad", "stablehlo.broadcast_in_dim",
+             "stablehlo.concatenate"),
     "attention": ("stablehlo.dot_general", "stablehlo.multiply", "stablehlo.divide"),
 }
 # Layers, biases and batch norms (decomposed or not), and the input normalization.

@@ -240,6 +240,12 @@ def zero_pad_head(tag: str) -> Case:
     return Case(*_ln_head(tag, 12, lambda h: _pad(h, 0, 0), lambda h: _pad64(h, 0, 0)), [1])
 
 
+def roll_head(tag: str) -> Case:
+    """Swin's torch.roll (slices concatenated back on the token axis) before the layer."""
+    return Case(*_ln_head(tag, 19, lambda h: jnp.roll(h, 3, 1), lambda h: np.roll(h, 3, 1)),
+                [1])
+
+
 def pad_layer_norm(tag: str) -> Case:
     """A real pad after a LayerNorm: the padded tokens read 0, not beta: refused."""
     return Case(*_ln_head(tag, 13, lambda h: _pad(h, 1, 2), lambda h: _pad64(h, 1, 2)), [],
@@ -394,6 +400,7 @@ CASES: dict[str, Callable[[str], Case]] = {
     "rms_mean_pool_head": rms_mean_pool_head,
     "zero_pad_head": zero_pad_head,
     "pad_layer_norm": pad_layer_norm,
+    "roll_head": roll_head,
     "pad_rms_norm": pad_rms_norm,
     "feature_slice": feature_slice,
     "returned_norm": returned_norm,

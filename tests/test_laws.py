@@ -773,6 +773,7 @@ NORM_PATH_CASES: dict[str, tuple[str, object, float | None]] = {
     "sum": ("stablehlo.reduce", lambda v: v.sum(1), 5.0),
     "times 1/n": ("stablehlo.multiply", lambda v: v * 0.2, 0.2),
     "mean": ("stablehlo.divide", lambda v: v.sum(1) / 5.0, 1.0),
+    "roll": ("stablehlo.concatenate", lambda v: np.concatenate([v[:, 2:], v[:, :2]], 1), 1.0),
     "zero widths": ("stablehlo.pad", lambda v: np.pad(v, [(0, 0), (0, 0), (0, 0)]), 1.0),
     "real pad": ("stablehlo.pad", lambda v: np.pad(v, [(0, 0), (1, 2), (0, 0)]), None),
 }

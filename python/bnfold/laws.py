@@ -1380,6 +1380,9 @@ NORM_PATH_LAWS: dict[str, str] = {
                           "1/m): rounds the same product",
     "stablehlo.divide": "(n g + b) / c = (n / c) g + b / c for a scalar constant c (a mean's "
                         "count): rounds the same quotient",
+    "stablehlo.concatenate": "along an axis other than a, of pieces that all carry the one "
+                             "affine (torch.roll: slices of the same value): concat(n_i g + "
+                             "b) = concat(n_i) g + b, exact; with any other piece refused",
     "stablehlo.pad": "pad with zero widths is the identity; pad(n g, 0) = pad(n, 0) g on axes "
                      "other than a; with a shift it does not commute (the padded positions "
                      "would read b, not 0): refused",

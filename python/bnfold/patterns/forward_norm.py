@@ -57,7 +57,7 @@ import numpy as np
 from bnfold import attributes, chains, elements, laws, precision, producers
 from bnfold.analysis import Analysis
 from bnfold.constants import map_axis_through_reshape, per_channel
-from bnfold.graph import callee_name, defining_op, function_name
+from bnfold.graph import callee, callee_name, defining_op, function_name
 from bnfold.ir import format_location, ir, stablehlo
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.forward_affine import FORWARD_FOLDS
@@ -75,6 +75,12 @@ if TYPE_CHECKING:
 _LAYOUT = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
 _ELEMENTWISE = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
                 "stablehlo.negate", "stablehlo.convert")
+_MAX_PATH = 16  # steps between a norm and a layer, at most
+# A helper made of these only moves values (F.pad, torch.roll): inlined for a norm's path.
+_MOVES = frozenset({"stablehlo.slice", "stablehlo.concatenate", "stablehlo.pad",
+                    "stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert",
+                    "stablehlo.broadcast_in_dim", "stablehlo.constant", "func.return",
+                    "func.func"})
 _MAX_DEPTH = 8  # elementwise ops between a norm's statistics and its result, at most
 _STATISTICS = ("stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.reduce")
 _STATISTICS_DEPTH = 10  # ops between a norm's statistics and its result, at most
@@ -221,13 +227,24 @@ class Consumer:
 
 def consumers(value: ir.Value, analysis: Analysis) -> tuple[list[Consumer], Refusal | None]:
     """Every linear layer `value` reaches through layout ops, and the first use that is
-    not linear (None when there is none)."""
-    found: list[Consumer] = []
+    not linear (None when there is none). A layer reached along several paths (through
+    both halves of torch.roll's concatenate) is one consumer; the paths must agree."""
+    found: dict[ir.Value, Consumer] = {}  # a layer's result -> its consumer (first path)
+    order: list[Consumer] = []
     problems: list[Refusal] = []
+    reached: set[ir.Value] = {value}
+    joins: list[ir.Operation] = []
 
     def walk(v: ir.Value, path: tuple[ir.Operation, ...]) -> None:
+        if len(path) > _MAX_PATH:
+            problems.append(Refusal(Code.NONLINEAR_CONSUMER, "forward-norm: more than "
+                                    f"{_MAX_PATH} steps between the norm and a layer"))
+            return
         for user in analysis.live_users(v):
             if _passes(user, v, analysis):
+                reached.add(user.results[0])
+                if user.name == "stablehlo.concatenate":
+                    joins.append(user)
                 walk(user.results[0], (*path, user))
                 continue
             index = _activation(user, v, analysis) if producers.is_producer(user) else None
@@ -238,10 +255,40 @@ def consumers(value: ir.Value, analysis: Analysis) -> tuple[list[Consumer], Refu
             if isinstance(traced, Refusal):
                 problems.append(traced)
                 continue
-            found.append(Consumer(user, index, path, *traced))
+            consumer = Consumer(user, index, path, *traced)
+            first = found.get(user.results[0])
+            if first is None:
+                found[user.results[0]] = consumer
+                order.append(consumer)
+            elif (first.axis, first.shift_factor, first.act_index) != \
+                    (consumer.axis, consumer.shift_factor, consumer.act_index) or \
+                    (first.padded is None) != (consumer.padded is None):
+                problems.append(Refusal(Code.AXIS, f"forward-norm: the {_short(user)} at "
+                                                   f"{_where(user)} reads the value along two "
+                                                   f"paths that treat it differently"))
 
     walk(value, ())
-    return found, (problems[0] if problems else None)
+    for join in joins:
+        others = [o for o in join.operands if o not in reached]
+        if others:
+            problems.append(Refusal(Code.NONLINEAR_CONSUMER, f"forward-norm: the normalized "
+                                    f"value is concatenated with another value at "
+                                    f"{_where(join)}; its affine would reach that one too"))
+    return order, (problems[0] if problems else None)
+
+
+def _reached(value: ir.Value, analysis: Analysis) -> frozenset[ir.Value]:
+    """The values `consumers` walks through from `value` (all paths, both halves of a
+    roll's concatenate)."""
+    seen = {value}
+    frontier = [value]
+    while frontier:
+        v = frontier.pop()
+        for user in analysis.live_users(v):
+            if _passes(user, v, analysis) and user.results[0] not in seen:
+                seen.add(user.results[0])
+                frontier.append(user.results[0])
+    return frozenset(seen)
 
 
 def feature_axis(value: ir.Value, found: list[Consumer]) -> int | None:
@@ -317,6 +364,8 @@ def _passes(op: ir.Operation, v: ir.Value, analysis: Analysis) -> bool:
         return _scalar(op.operands[1 - index], analysis) is not None
     if op.name not in _LAYOUT and op.name not in laws.NORM_PATH_LAWS:
         return False
+    if op.name == "stablehlo.concatenate":  # every operand must be reached (`consumers`)
+        return True
     if op.operands[0] != v or any(o == v for o in list(op.operands)[1:]):
         return False
     if op.name == "stablehlo.broadcast_in_dim":  # only one that adds unit axes
@@ -370,6 +419,9 @@ def trace(path: tuple[ir.Operation, ...], axis: int | None, layer: ir.Operation,
             strides = attributes.ints(op, "strides", default=1, rank=rank)
             if (starts[axis], limits[axis], strides[axis]) != (0, before[axis], 1):
                 return cut(op, "slices the feature axis")
+        elif op.name == "stablehlo.concatenate":
+            if attributes.integer(op, "dimension") == axis:
+                return cut(op, "concatenates along the feature axis")
         elif op.name == "stablehlo.broadcast_in_dim":
             dims = attributes.broadcast_dimensions(op)
             if axis not in dims:
@@ -452,6 +504,7 @@ class Match:
     axis: int
     form: Form
     layers: tuple[Consumer, ...]
+    reached: frozenset[ir.Value] = frozenset()  # every value on a path to the layers
 
 
 @dataclass(frozen=True)
@@ -498,7 +551,7 @@ def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
     if problem is not None:
         return problem
     assert axis is not None
-    return Match(value, axis, form, tuple(found))
+    return Match(value, axis, form, tuple(found), _reached(value, analysis))
 
 
 def refused_form(root: ir.Operation, analysis: Analysis) -> Form:
@@ -627,20 +680,24 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
     """The bare value, each layer's path to it, the folded layers and their biases."""
     m = p.match
     value = _build_bare(rewriter, m.form.bare, {})
-    paths: dict[int, ir.Value] = {}  # id of a path op -> its copy's result
+    on_path = m.reached
+    copies: dict[ir.Value, ir.Value] = {m.value: value}
+
+    def copy(v: ir.Value) -> ir.Value:
+        """A path value rebuilt on the bare value (every operand on a path replaced)."""
+        if v in copies:
+            return copies[v]
+        op = defining_op(v)
+        assert op is not None
+        replaced = {i: copy(o) for i, o in enumerate(op.operands)
+                    if o in on_path or o == m.value}
+        copies[v] = rewriter.clone(op, replaced).results[0]
+        return copies[v]
+
     built: list[ir.Operation] = []
     for f in p.folds:
         c = f.consumer
-        current = value
-        previous = m.value
-        for op in c.path:
-            key = id(op)  # ops of this walk: alive for the whole apply
-            found = paths.get(key)
-            if found is None:
-                index = [i for i, o in enumerate(op.operands) if o == previous][0]
-                found = rewriter.clone(op, {index: current}).results[0]
-                paths[key] = found
-            current, previous = found, op.results[0]
+        current = copy(c.path[-1].results[0]) if c.path else value
         op = c.producer
         with ir.InsertionPoint(op):
             kernel_value = f.kernel.build(op.location)
@@ -728,6 +785,8 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
                 if owner is not None and owner.name in _ELEMENTWISE and _normalizes(value) and \
                         consumers(result, analysis)[0]:
                     return True
+        if ctx.body_ops(callee) <= _MOVES:  # F.pad, torch.roll: steps of a norm's path
+            return any(_normalized_behind(operand, ctx) for operand in call.operands)
         if not (ctx.body_ops(callee) & {*producers.NAMES, "func.call"}):
             return False
         for operand in call.operands:
@@ -790,6 +849,27 @@ def _behind(value: ir.Value, block: ir.Block, analysis: Analysis) -> list[ir.Ope
             break
         owner = defining_op(nxt)
     return found
+
+
+def _normalized_behind(value: ir.Value, ctx: Context) -> bool:
+    """Whether `value` is a normalized value, possibly through path steps and calls of
+    helpers that only move values (Swin's `@_pad` then `@_roll_static`)."""
+    for _ in range(_MAX_PATH):
+        owner = defining_op(value)
+        if owner is None:
+            return False
+        if owner.name in _ELEMENTWISE:
+            return _normalizes(value)
+        if owner.name == "func.call":
+            called = callee(owner)
+            if called is None or not ctx.body_ops(called) <= _MOVES or not owner.operands:
+                return False
+        elif owner.name not in _LAYOUT and owner.name not in laws.NORM_PATH_LAWS:
+            return False
+        if not owner.operands:
+            return False
+        value = owner.operands[0]
+    return False
 
 
 def _forward_affines(m: Match, ctx: Context) -> bool:
