@@ -521,6 +521,7 @@ class Folded:
 class Plan:
     match: Match
     folds: tuple[Folded, ...]
+    norm: ir.Operation  # the op the decision is recorded under (`norm_op`)
 
 
 def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
@@ -645,7 +646,7 @@ def plan(m: Match, analysis: Analysis) -> Plan | Refusal:
                 return problem.wrap("forward-norm")
             bias, out_axis = through.bias, through.out_axis
         folds.append(Folded(c, rewrite, bias, out_axis))
-    return Plan(m, tuple(folds))
+    return Plan(m, tuple(folds), norm_op(m.form, analysis))
 
 
 @dataclass(frozen=True)
@@ -709,17 +710,30 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
                 replacement = bias_add(folded.results[0], f.bias, f.out_axis, op.location)
             rewriter.replace_op(op, [replacement], successor=folded)
         built.append(folded)
-    return Applied(norm_op(m.form), tuple(built))
+    return Applied(p.norm, tuple(built))
 
 
-def norm_op(form: Form) -> ir.Operation:
+def norm_op(form: Form, analysis: Analysis | None = None) -> ir.Operation:
     """The op a norm's decision is recorded under: its scaling op with a constant nearest
     to the normalized value (the weight's multiply; not a scale further up the network
-    that the walk also factored)."""
-    for op in reversed(form.consumed):
-        if op.name in ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate"):
-            return op
-    return form.consumed[-1]
+    that the walk also factored). With `analysis`, a scale by one number everywhere after
+    the weight (torchax's `alpha` of the residual add, `x * 1.0`) is passed over: it
+    belongs to the op after the norm."""
+    scales = [op for op in reversed(form.consumed)
+              if op.name in ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate")]
+    if analysis is not None:
+        for op in scales:
+            if any(_varies(operand, analysis) for operand in op.operands):
+                return op
+    return scales[0] if scales else form.consumed[-1]
+
+
+def _varies(value: ir.Value, analysis: Analysis) -> bool:
+    const = analysis.constant(value)
+    if const is None:
+        return False
+    array = np.asarray(const.array)
+    return array.size > 1 and not np.all(array == array.flat[0])
 
 
 class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
@@ -767,7 +781,7 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
         else:  # refused in match: a use that is not linear
             form = refused_form(subject, ctx.analysis)
         if form.consumed and not any(ctx.ledger.is_folded(op) for op in form.consumed):
-            ctx.ledger.refuse(norm_op(form), refusal, form.consumed)
+            ctx.ledger.refuse(norm_op(form, ctx.analysis), refusal, form.consumed)
 
     def apply(self, rewriter: Rewriter, plan: Plan) -> Applied:
         return build(rewriter, plan)
