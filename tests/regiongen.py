@@ -1311,7 +1311,7 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
         weight = b.node("stablehlo.add", [w, one], w.type, w.value + 1.0, axis, mag=w.mag + 1.0)
         v = b.binary("multiply", b.binary("multiply", x, rb), weight, loc)
     b.norms.append(loc)
-    v = _norm_path(b, v, s.pick // 3)
+    v = _norm_path(b, v, s.variant + s.pick)  # (both range over 0-7: every path is drawn)
     layers = 1 + s.pick % 3
     out: Val | None = None
     for i in range(layers):
