@@ -361,3 +361,41 @@ func.func @shift_before_a_narrowing_convert_is_refused(%x: tensor<4x2xf32>, %var
   %k = stablehlo.dot_general %c, %w2, contracting_dims = [1] x [0] : (tensor<4x2xbf16>, tensor<2x2xbf16>) -> tensor<4x2xbf16>
   return %q, %k : tensor<4x3xbf16>, tensor<4x2xbf16>
 }
+
+// -----
+
+// Swin / ConvNeXt's head: the final norm, a mean over the tokens (a sum over
+// axis 0, then / 4), the classifier. The sum is over another axis than the
+// features, so it commutes with the affine and turns beta into 4 beta; the
+// divide by 4 folds into the head first (forward-affine: W1 / 4), then the norm:
+// diag(gamma) W1 / 4 = [[0.5, 0, 0.5], [0, 1, 1]] and 4 beta W1 / 4 = [1, 3, 4].
+
+// CHECK-LABEL: @mean_pool_into_the_head
+// CHECK:         %[[N:.+]] = stablehlo.multiply %{{.+}}, %{{.+}} : tensor<4x2xf32>
+// CHECK-NEXT:    %[[S:.+]] = stablehlo.reduce(%[[N]] init: %{{.+}}) applies stablehlo.add across dimensions = [0]
+// CHECK-NEXT:    %[[W:.+]] = stablehlo.constant dense<{{\[\[}}5.000000e-01, 0.000000e+00, 5.000000e-01], [0.000000e+00, 1.000000e+00, 1.000000e+00]]>
+// CHECK-NEXT:    %[[Y:.+]] = stablehlo.dot_general %[[S]], %[[W]]
+// CHECK-NEXT:    %[[B:.+]] = stablehlo.constant dense<[1.000000e+00, 3.000000e+00, 4.000000e+00]>
+// CHECK-NEXT:    %[[BB:.+]] = stablehlo.broadcast_in_dim %[[B]], dims = [0]
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.add %[[Y]], %[[BB]]
+// CHECK-NEXT:    return %[[R]]
+func.func @mean_pool_into_the_head(%x: tensor<4x2xf32>, %mean: tensor<4x1xf32>, %var: tensor<4x1xf32>) -> tensor<3xf32> {
+  %g = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %w1 = stablehlo.constant dense<[[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]> : tensor<2x3xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %four = stablehlo.constant dense<4.0> : tensor<2xf32>
+  %mb = stablehlo.broadcast_in_dim %mean, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x2xf32>
+  %xm = stablehlo.subtract %x, %mb : tensor<4x2xf32>
+  %r = stablehlo.rsqrt %var : tensor<4x1xf32>
+  %rb = stablehlo.broadcast_in_dim %r, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x2xf32>
+  %n = stablehlo.multiply %xm, %rb : tensor<4x2xf32>
+  %gb = stablehlo.broadcast_in_dim %g, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %bb = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %s = stablehlo.multiply %n, %gb : tensor<4x2xf32>
+  %v = stablehlo.add %s, %bb : tensor<4x2xf32>
+  %sum = stablehlo.reduce(%v init: %zero) applies stablehlo.add across dimensions = [0] : (tensor<4x2xf32>, tensor<f32>) -> tensor<2xf32>
+  %avg = stablehlo.divide %sum, %four : tensor<2xf32>
+  %q = stablehlo.dot_general %avg, %w1, contracting_dims = [0] x [0] : (tensor<2xf32>, tensor<2x3xf32>) -> tensor<3xf32>
+  return %q : tensor<3xf32>
+}

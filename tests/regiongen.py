@@ -1311,11 +1311,13 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
         weight = b.node("stablehlo.add", [w, one], w.type, w.value + 1.0, axis, mag=w.mag + 1.0)
         v = b.binary("multiply", b.binary("multiply", x, rb), weight, loc)
     b.norms.append(loc)
+    v = _norm_path(b, v, s.variant + s.pick)  # (both range over 0-7: every path is drawn)
     layers = 1 + s.pick % 3
     out: Val | None = None
     for i in range(layers):
         kernel = b.constant(b.rng.normal(0.0, c ** -0.5, (c, c)), dtype, kernel=True)
-        y = b.dot(v, kernel, axis, 0, False, f"{loc}_layer{i + 1}")
+        assert v.axis is not None
+        y = b.dot(v, kernel, v.axis, 0, False, f"{loc}_layer{i + 1}")
         out = y if out is None else b.binary("add", out, y)
     if s.flag:
         b.extra_outputs.append(v)
@@ -1324,6 +1326,48 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
         b.features.add("norm_fan_out")
     assert out is not None
     return out
+
+
+def _norm_path(b: Builder, v: Val, pick: int) -> Val:
+    """What lies between a norm and its layers (bnfold.laws.NORM_PATH_LAWS), on an axis
+    other than the features: 0 nothing; 1 a slice (ViT's CLS token); 2 a mean (reduce +
+    divide: Swin's and ConvNeXt's pooling); 3 a sum; 4 a pad of zero widths (Swin's F.pad
+    when the window divides the map); 5 a real zero pad (refused with a shift: the padded
+    positions would read beta); 6 torch.roll (two slices concatenated back, Swin's
+    shifted windows)."""
+    axis = v.axis
+    assert axis is not None
+    other = [d for d in range(len(v.shape)) if d != axis and v.shape[d] >= 2]
+    kind = pick % 7
+    if kind == 0 or not other:
+        return v
+    d = other[pick // 7 % len(other)]
+    b.features.add("norm_path")
+    if kind == 1:
+        limit = list(v.shape)
+        limit[d] = (v.shape[d] + 1) // 2
+        out = _slice(b, v, [0] * len(v.shape), limit)
+        return Val(out.name, out.type, out.value, axis, out.mag)
+    if kind == 6:
+        rank, size = len(v.shape), v.shape[d]
+        cut = 1 + pick % (size - 1)
+        pieces = []
+        for start, limit in ((cut, size), (0, cut)):
+            lo, hi = [0] * rank, list(v.shape)
+            lo[d], hi[d] = start, limit
+            pieces.append(_slice(b, v, lo, hi))
+        out = _concat(b, pieces, d)
+        return Val(out.name, out.type, out.value, axis, out.mag)
+    if kind in (2, 3):
+        total = b.reduce(v, b.constant(0.0, v.dtype), "stablehlo.add", [d])
+        if kind == 3:
+            return total
+        return b.binary("divide", total, b.like(total, float(v.shape[d]), False))
+    widths = [0] * len(v.shape)
+    low = list(widths)
+    if kind == 5:
+        low[d] = 1
+    return b.pad(v, b.constant(0.0, v.dtype), low, widths, widths, axis)
 
 
 def step_attention(b: Builder, x: Val, s: Step) -> Val:
@@ -1445,7 +1489,9 @@ STEP_OPS: dict[str, tuple[str, ...]] = {
     "helper": ("func.call", "stablehlo.clamp", "stablehlo.compare", "stablehlo.select"),
     "call": ("func.call",),
     "norm": ("stablehlo.reduce", "stablehlo.divide", "stablehlo.subtract", "stablehlo.multiply",
-             "stablehlo.add", "stablehlo.rsqrt", "stablehlo.negate", "stablehlo.dot_general"),
+             "stablehlo.add", "stablehlo.rsqrt", "stablehlo.negate", "stablehlo.dot_general",
+             "stablehlo.slice", "stablehlo.pad", "stablehlo.broadcast_in_dim",
+             "stablehlo.concatenate"),
     "attention": ("stablehlo.dot_general", "stablehlo.multiply", "stablehlo.divide"),
 }
 # Layers, biases and batch norms (decomposed or not), and the input normalization.

@@ -146,6 +146,9 @@ STRATA: dict[str, tuple[dict, str | None]] = {
     "attention_scale": ({"attention": True}, "attention_scale"),
     # A transformer norm (statistics at run time) read by several linear layers.
     "norm_fan_out": ({"force_steps": ("norm",)}, "norm_fan_out"),
+    # A norm's value sliced, pooled (sum or mean) or padded on another axis before its
+    # layers (bnfold.laws.NORM_PATH_LAWS).
+    "norm_path": ({"force_steps": ("norm",)}, "norm_path"),
 }
 # Attention logits q k^T scaled by 1/sqrt(d) (regiongen's "attention" step) are surveyed
 # with `--force-steps attention`; not a CI stratum yet: the quantize_pc `integers` oracle

@@ -757,3 +757,42 @@ def test_every_scalar_law_has_cases_and_is_in_the_fuzzer_grammar():
 
     assert {op for op, _, _ in SCALAR_CASES.values()} <= set(laws.SCALAR_LAWS)
     assert set(laws.SCALAR_LAWS) <= set(regiongen.GRAMMAR_OPS)
+
+
+# --- norm path laws (forward-norm): steps between a norm and its layers ------------------
+#
+# path(n g + b) == path(n) g + k b along the feature axis (last), with k the factor the
+# step gives a constant; the cases say k, or None where the law refuses (a real pad with
+# a shift). Judged in float64 on random values.
+_X = np.random.default_rng(3).normal(0, 1, (3, 5, 4))
+_G = np.array([0.5, -2.0, 1.5, 3.0])
+_B = np.array([1.0, -0.25, 2.0, 0.0])
+NORM_PATH_CASES: dict[str, tuple[str, object, float | None]] = {
+    "cls token": ("stablehlo.slice", lambda v: v[:, :1], 1.0),
+    "keepdims": ("stablehlo.broadcast_in_dim", lambda v: v[:, None], 1.0),
+    "sum": ("stablehlo.reduce", lambda v: v.sum(1), 5.0),
+    "times 1/n": ("stablehlo.multiply", lambda v: v * 0.2, 0.2),
+    "mean": ("stablehlo.divide", lambda v: v.sum(1) / 5.0, 1.0),
+    "roll": ("stablehlo.concatenate", lambda v: np.concatenate([v[:, 2:], v[:, :2]], 1), 1.0),
+    "zero widths": ("stablehlo.pad", lambda v: np.pad(v, [(0, 0), (0, 0), (0, 0)]), 1.0),
+    "real pad": ("stablehlo.pad", lambda v: np.pad(v, [(0, 0), (1, 2), (0, 0)]), None),
+}
+
+
+@pytest.mark.parametrize("name", sorted(NORM_PATH_CASES))
+def test_norm_path_laws(name):
+    _, path, k = NORM_PATH_CASES[name]
+    folded = path(_X) * _G
+    original = path(_X * _G + _B)
+    if k is None:  # with a shift it does not commute; without one it does
+        assert not np.allclose(folded + _B, original)
+        np.testing.assert_allclose(path(_X) * _G, path(_X * _G), rtol=1e-12, atol=1e-12)
+        return
+    np.testing.assert_allclose(folded + k * _B, original, rtol=1e-12, atol=1e-12)
+
+
+def test_every_norm_path_law_has_cases_and_is_in_the_fuzzer_grammar():
+    import regiongen
+
+    assert {op for op, _, _ in NORM_PATH_CASES.values()} == set(laws.NORM_PATH_LAWS)
+    assert set(laws.NORM_PATH_LAWS) <= set(regiongen.STEP_OPS["norm"])

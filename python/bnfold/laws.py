@@ -1545,3 +1545,28 @@ FACTOR_LAWS: dict[str, str] = {
     "stablehlo.convert": "a widening float convert is exact: convert(n) g + b; a narrowing "
                          "one rounds where it stands (its result is bare)",
 }
+
+
+# How each step between a normalized value and a linear layer commutes with its per-feature
+# affine `n * g + b` (along feature axis a). Each keeps axis a whole and acts on every
+# feature alike, so path(n * g + b) = path(n) * g + k b, with k the factor the step gives
+# a constant (docs/precision.md, rule 7). Layout ops (reshape, transpose, a float convert)
+# move the axis; forward-norm's `trace` checks that each step keeps a whole. The fuzzer's
+# `norm_path` stratum generates each (tests/regiongen.py, `_norm_path`).
+NORM_PATH_LAWS: dict[str, str] = {
+    "stablehlo.slice": "slice(n g + b) = slice(n) g + b when a is kept whole (the CLS token "
+                       "of ViT): exact, moves values",
+    "stablehlo.broadcast_in_dim": "adding unit axes (a mean's keepdims) moves a: exact",
+    "stablehlo.reduce": "sum over axes other than a (zero init): sum(n g + b) = sum(n) g + "
+                        "m b, m the count summed; rounds a sum of n instead of n g + b",
+    "stablehlo.multiply": "(n g + b) c = (n c) g + c b for a scalar constant c (a mean's "
+                          "1/m): rounds the same product",
+    "stablehlo.divide": "(n g + b) / c = (n / c) g + b / c for a scalar constant c (a mean's "
+                        "count): rounds the same quotient",
+    "stablehlo.concatenate": "along an axis other than a, of pieces that all carry the one "
+                             "affine (torch.roll: slices of the same value): concat(n_i g + "
+                             "b) = concat(n_i) g + b, exact; with any other piece refused",
+    "stablehlo.pad": "pad with zero widths is the identity; pad(n g, 0) = pad(n, 0) g on axes "
+                     "other than a; with a shift it does not commute (the padded positions "
+                     "would read b, not 0): refused",
+}

@@ -27,10 +27,21 @@ convert to the weight's type (Hugging Face), or as `1 + w` (Gemma). The bare
 `n` is rebuilt from the same ops with the constants left out.
 
 Between the value and each linear layer there may be reshapes, transposes and
-float converts (fanning out); every use must end at a convolution or
-dot_general that reads it as its activation with a constant kernel. Any other
-use (a residual add in a post-norm block, a value returned from the function,
-attention's `q @ k^T`) refuses the fold (`nonlinear-consumer`), naming the op.
+float converts (fanning out), and the steps of `bnfold.laws.NORM_PATH_LAWS`
+that keep the feature axis whole: ViT's CLS-token slice, Swin's mean pooling
+(the sum turns the shift b into m b), a zero-width pad. Before (the head of a
+ViT, `%v` the final norm's `n * g + b`):
+
+    %c = stablehlo.slice %v [0:1, 0:1, 0:96]
+    %r = stablehlo.reshape %c : (tensor<1x1x96xf32>) -> tensor<1x96xf32>
+    %y = stablehlo.dot_general %r, %w ...
+
+After: the same slice and reshape of the bare `%n`, `%w2 = diag(g) w`, and a
+bias `b w` added to `%y`. Every use must end at a convolution or dot_general
+that reads it as its activation with a constant kernel. Any other use (a
+residual add in a post-norm block, a value returned from the function,
+attention's `q @ k^T`) refuses the fold (`nonlinear-consumer`), naming the op;
+so does a norm no linear layer reads at all (found from its affine chain).
 Precision: each kernel is scaled in float64 and rounded once to its type
 (docs/precision.md, rule 7).
 """
@@ -43,10 +54,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from bnfold import chains, elements, laws, precision, producers
+from bnfold import attributes, chains, elements, laws, precision, producers
 from bnfold.analysis import Analysis
 from bnfold.constants import map_axis_through_reshape, per_channel
-from bnfold.graph import callee_name, defining_op, function_name
+from bnfold.graph import callee, callee_name, defining_op, function_name
 from bnfold.ir import format_location, ir, stablehlo
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.forward_affine import FORWARD_FOLDS
@@ -64,9 +75,16 @@ if TYPE_CHECKING:
 _LAYOUT = ("stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert")
 _ELEMENTWISE = ("stablehlo.add", "stablehlo.subtract", "stablehlo.multiply", "stablehlo.divide",
                 "stablehlo.negate", "stablehlo.convert")
+_MAX_PATH = 16  # steps between a norm and a layer, at most
+# A helper made of these only moves values (F.pad, torch.roll): inlined for a norm's path.
+_MOVES = frozenset({"stablehlo.slice", "stablehlo.concatenate", "stablehlo.pad",
+                    "stablehlo.reshape", "stablehlo.transpose", "stablehlo.convert",
+                    "stablehlo.broadcast_in_dim", "stablehlo.constant", "func.return",
+                    "func.func"})
 _MAX_DEPTH = 8  # elementwise ops between a norm's statistics and its result, at most
 _STATISTICS = ("stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.reduce")
 _STATISTICS_DEPTH = 10  # ops between a norm's statistics and its result, at most
+_NORM_DEPTH = 6  # the same for a norm no linear layer reads (its own weight and bias only)
 
 
 # --- the form of a value: n * g + b ------------------------------------------------------
@@ -138,6 +156,8 @@ def _factor_op(op: ir.Operation, v: ir.Value, axis: int, analysis: Analysis,
         operands.append(vector)
     shaped = [i for i, f in enumerate(operands)
               if isinstance(f, Form) and not f.factored.is_bare]
+    if not any(isinstance(f, Form) for f in operands):
+        return None  # a constant (a norm's step on constants only: its value is not a norm)
     if len(shaped) == len(operands) == 0 or \
             (not shaped and all(isinstance(f, Form) for f in operands)):
         return None  # nothing constant anywhere behind it: the value is its own bare n
@@ -201,34 +221,74 @@ class Consumer:
     act_index: int
     path: tuple[ir.Operation, ...]
     axis: int  # the feature axis of the value (before the path) that the layer contracts
+    shift_factor: float = 1.0  # the path turns a shift b into shift_factor * b (sum: times n)
+    padded: ir.Operation | None = None  # a pad on the path that adds positions
 
 
 def consumers(value: ir.Value, analysis: Analysis) -> tuple[list[Consumer], Refusal | None]:
     """Every linear layer `value` reaches through layout ops, and the first use that is
-    not linear (None when there is none)."""
-    found: list[Consumer] = []
+    not linear (None when there is none). A layer reached along several paths (through
+    both halves of torch.roll's concatenate) is one consumer; the paths must agree."""
+    found: dict[ir.Value, Consumer] = {}  # a layer's result -> its consumer (first path)
+    order: list[Consumer] = []
     problems: list[Refusal] = []
+    reached: set[ir.Value] = {value}
+    joins: list[ir.Operation] = []
 
     def walk(v: ir.Value, path: tuple[ir.Operation, ...]) -> None:
+        if len(path) > _MAX_PATH:
+            problems.append(Refusal(Code.NONLINEAR_CONSUMER, "forward-norm: more than "
+                                    f"{_MAX_PATH} steps between the norm and a layer"))
+            return
         for user in analysis.live_users(v):
-            if user.name in _LAYOUT and user.operands[0] == v and len(user.results) == 1 and \
-                    _float(user.results[0]):
+            if _passes(user, v, analysis):
+                reached.add(user.results[0])
+                if user.name == "stablehlo.concatenate":
+                    joins.append(user)
                 walk(user.results[0], (*path, user))
                 continue
             index = _activation(user, v, analysis) if producers.is_producer(user) else None
             if index is None:
                 problems.append(Refusal(Code.NONLINEAR_CONSUMER, _nonlinear(user)))
                 continue
-            axis = _axis_back(path, _input_axis(user, index))
-            if axis is None:
-                problems.append(Refusal(Code.AXIS, f"forward-norm: a reshape before the "
-                                                   f"{_short(user)} at {_where(user)} merges "
-                                                   f"or splits the feature axis"))
+            traced = trace(path, _input_axis(user, index), user, analysis)
+            if isinstance(traced, Refusal):
+                problems.append(traced)
                 continue
-            found.append(Consumer(user, index, path, axis))
+            consumer = Consumer(user, index, path, *traced)
+            first = found.get(user.results[0])
+            if first is None:
+                found[user.results[0]] = consumer
+                order.append(consumer)
+            elif (first.axis, first.shift_factor, first.act_index) != \
+                    (consumer.axis, consumer.shift_factor, consumer.act_index) or \
+                    (first.padded is None) != (consumer.padded is None):
+                problems.append(Refusal(Code.AXIS, f"forward-norm: the {_short(user)} at "
+                                                   f"{_where(user)} reads the value along two "
+                                                   f"paths that treat it differently"))
 
     walk(value, ())
-    return found, (problems[0] if problems else None)
+    for join in joins:
+        others = [o for o in join.operands if o not in reached]
+        if others:
+            problems.append(Refusal(Code.NONLINEAR_CONSUMER, f"forward-norm: the normalized "
+                                    f"value is concatenated with another value at "
+                                    f"{_where(join)}; its affine would reach that one too"))
+    return order, (problems[0] if problems else None)
+
+
+def _reached(value: ir.Value, analysis: Analysis) -> frozenset[ir.Value]:
+    """The values `consumers` walks through from `value` (all paths, both halves of a
+    roll's concatenate)."""
+    seen = {value}
+    frontier = [value]
+    while frontier:
+        v = frontier.pop()
+        for user in analysis.live_users(v):
+            if _passes(user, v, analysis) and user.results[0] not in seen:
+                seen.add(user.results[0])
+                frontier.append(user.results[0])
+    return frozenset(seen)
 
 
 def feature_axis(value: ir.Value, found: list[Consumer]) -> int | None:
@@ -291,22 +351,124 @@ def _input_axis(op: ir.Operation, index: int) -> int | None:
     return contracting[0] if len(contracting) == 1 else None
 
 
-def _axis_back(path: tuple[ir.Operation, ...], axis: int | None) -> int | None:
-    """The producer-input axis mapped back through `path` to the value it starts at."""
-    if axis is None:
+def _passes(op: ir.Operation, v: ir.Value, analysis: Analysis) -> bool:
+    """Whether the walk from a normalized value goes on through `op` (reading `v`): a layout
+    op, or a step with a law in `laws.NORM_PATH_LAWS` (whether it keeps the feature axis
+    whole is checked by `trace` once the layer says which axis that is)."""
+    if len(op.results) != 1 or not _float(op.results[0]):
+        return False
+    if op.name in ("stablehlo.multiply", "stablehlo.divide"):
+        index = 0 if op.operands[0] == v else 1
+        if (op.name == "stablehlo.divide" and index != 0) or op.operands[1 - index] == v:
+            return False
+        return _scalar(op.operands[1 - index], analysis) is not None
+    if op.name not in _LAYOUT and op.name not in laws.NORM_PATH_LAWS:
+        return False
+    if op.name == "stablehlo.concatenate":  # every operand must be reached (`consumers`)
+        return True
+    if op.operands[0] != v or any(o == v for o in list(op.operands)[1:]):
+        return False
+    if op.name == "stablehlo.broadcast_in_dim":  # only one that adds unit axes
+        return _size(op.operands[0]) == _size(op.results[0])
+    return op.name != "stablehlo.reduce" or len(op.operands) == 2
+
+
+def _size(v: ir.Value) -> int:
+    return int(np.prod(ir.RankedTensorType(v.type).shape))
+
+
+def _scalar(v: ir.Value, analysis: Analysis) -> float | None:
+    """The value of a constant that is one finite non-zero number everywhere, or None."""
+    const = analysis.constant(v)
+    if const is None:
         return None
+    array = np.asarray(const.array, dtype=np.float64)
+    if array.size == 0 or not np.all(array == array.flat[0]):
+        return None
+    c = float(array.flat[0])
+    return c if np.isfinite(c) and c != 0 else None
+
+
+def trace(path: tuple[ir.Operation, ...], axis: int | None, layer: ir.Operation,
+          analysis: Analysis) -> tuple[int, float, ir.Operation | None] | Refusal:
+    """The producer-input `axis` mapped back through `path` to the value it starts at, the
+    factor the path gives a shift, and a pad on it that adds positions; a refusal where a
+    step cuts, merges or reduces the feature axis (by `laws.NORM_PATH_LAWS`)."""
+    def cut(op: ir.Operation, what: str) -> Refusal:
+        return Refusal(Code.AXIS, f"forward-norm: the {_short(op)} at {_where(op)} before the "
+                                  f"{_short(layer)} at {_where(layer)} {what}")
+    if axis is None:
+        return cut(layer, "contracts several axes")
+    factor = 1.0
+    padded: ir.Operation | None = None
     for op in reversed(path):
+        before = list(ir.RankedTensorType(op.operands[0].type).shape)
         if op.name == "stablehlo.transpose":
             from bnfold.attributes import permutation
             axis = permutation(op)[axis]
         elif op.name == "stablehlo.reshape":
             after = tuple(ir.RankedTensorType(op.results[0].type).shape)
-            before = tuple(ir.RankedTensorType(op.operands[0].type).shape)
-            mapped = map_axis_through_reshape(after, before, axis)
+            mapped = map_axis_through_reshape(after, tuple(before), axis)
             if mapped is None:
-                return None
+                return cut(op, "merges or splits the feature axis")
             axis = mapped
-    return axis
+        elif op.name == "stablehlo.slice":
+            rank = len(before)
+            starts = attributes.ints(op, "start_indices", default=0, rank=rank)
+            limits = attributes.ints(op, "limit_indices", default=0, rank=rank)
+            strides = attributes.ints(op, "strides", default=1, rank=rank)
+            if (starts[axis], limits[axis], strides[axis]) != (0, before[axis], 1):
+                return cut(op, "slices the feature axis")
+        elif op.name == "stablehlo.concatenate":
+            if attributes.integer(op, "dimension") == axis:
+                return cut(op, "concatenates along the feature axis")
+        elif op.name == "stablehlo.broadcast_in_dim":
+            dims = attributes.broadcast_dimensions(op)
+            if axis not in dims:
+                return cut(op, "makes the feature axis")
+            axis = dims.index(axis)
+        elif op.name == "stablehlo.reduce":
+            problem = _sum_over_others(op, axis, analysis)
+            if isinstance(problem, Refusal):
+                return cut(op, problem.message)
+            axis, count = problem
+            factor *= count
+        elif op.name == "stablehlo.pad":
+            widths = [attributes.ints(op, name, default=0, rank=len(before))
+                      for name in ("edge_padding_low", "edge_padding_high", "interior_padding")]
+            if any(w[axis] != 0 for w in widths):
+                return cut(op, "pads the feature axis")
+            if any(x != 0 for w in widths for x in w):
+                const = analysis.constant(op.operands[1])
+                if const is None or np.any(np.asarray(const.array, dtype=np.float64) != 0):
+                    return cut(op, "pads with a value other than a constant zero")
+                padded = op
+        elif op.name in ("stablehlo.multiply", "stablehlo.divide"):
+            c = _scalar(op.operands[1 - _value_index(op, analysis)], analysis)
+            assert c is not None
+            factor = factor * c if op.name == "stablehlo.multiply" else factor / c
+    return axis, factor, padded
+
+
+def _value_index(op: ir.Operation, analysis: Analysis) -> int:
+    """The operand of a scalar multiply/divide that is the value (not the constant)."""
+    return 0 if _scalar(op.operands[1], analysis) is not None else 1
+
+
+def _sum_over_others(op: ir.Operation, axis: int, analysis: Analysis
+                     ) -> tuple[int, int] | Refusal:
+    """(the operand axis of result axis `axis`, the count summed) for a sum with zero init
+    over axes other than it."""
+    body = list(op.regions[0].blocks[0].operations)
+    init = analysis.constant(op.operands[1])
+    if not body or body[0].name != "stablehlo.add" or init is None or \
+            np.any(np.asarray(init.array, dtype=np.float64) != 0):
+        return Refusal(Code.AXIS, "is not a sum with a zero init (a max or min does not "
+                                  "commute with a shift or a negative scale)")
+    shape = list(ir.RankedTensorType(op.operands[0].type).shape)
+    dims = attributes.ints(op, "dimensions", default=0, rank=0)
+    kept = [d for d in range(len(shape)) if d not in dims]
+    return kept[axis], int(np.prod([shape[d] for d in dims]))
 
 
 def _crosses_narrowing(c: Consumer, shift: np.ndarray) -> Refusal | None:
@@ -342,6 +504,7 @@ class Match:
     axis: int
     form: Form
     layers: tuple[Consumer, ...]
+    reached: frozenset[ir.Value] = frozenset()  # every value on a path to the layers
 
 
 @dataclass(frozen=True)
@@ -358,6 +521,7 @@ class Folded:
 class Plan:
     match: Match
     folds: tuple[Folded, ...]
+    norm: ir.Operation  # the op the decision is recorded under (`norm_op`)
 
 
 def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
@@ -368,7 +532,14 @@ def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
         return None
     found, problem = consumers(value, analysis)
     if not found:
-        return None  # no linear layer reads it: the chain's own decision stands
+        # no linear layer reads it: a norm is refused, naming the use that stops it; any
+        # other chain's own decision stands
+        if problem is None:
+            return None
+        form = factor(value, ir.RankedTensorType(value.type).rank - 1, analysis)
+        if form.factored.is_bare or not form.consumed or not _is_norm(value):
+            return None
+        return problem
     axis = feature_axis(value, found)
     if axis is None:
         form = factor(value, ir.RankedTensorType(value.type).rank - 1, analysis)
@@ -381,7 +552,7 @@ def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
     if problem is not None:
         return problem
     assert axis is not None
-    return Match(value, axis, form, tuple(found))
+    return Match(value, axis, form, tuple(found), _reached(value, analysis))
 
 
 def refused_form(root: ir.Operation, analysis: Analysis) -> Form:
@@ -393,13 +564,14 @@ def refused_form(root: ir.Operation, analysis: Analysis) -> Form:
                   analysis)
 
 
-def _normalizes(value: ir.Value) -> bool:
+def _normalizes(value: ir.Value, depth: int = _STATISTICS_DEPTH,
+                statistics: tuple[str, ...] = _STATISTICS) -> bool:
     """Whether the statistics of a normalization (rsqrt, sqrt, a reduce) are close behind
     the value, without crossing a linear layer: a norm, not a layer's bias or a plain
     affine (which this pattern leaves alone)."""
     seen: set[ir.Value] = set()
     frontier = [value]
-    for _ in range(_STATISTICS_DEPTH):
+    for _ in range(depth):
         following: list[ir.Value] = []
         for v in frontier:
             owner = defining_op(v)
@@ -407,7 +579,7 @@ def _normalizes(value: ir.Value) -> bool:
                     owner.name == "stablehlo.constant":
                 continue
             seen.add(v)
-            if owner.name in _STATISTICS:
+            if owner.name in statistics:
                 return True
             if owner.name.startswith("stablehlo."):
                 following.extend(owner.operands)
@@ -415,17 +587,32 @@ def _normalizes(value: ir.Value) -> bool:
     return False
 
 
+def _is_norm(value: ir.Value) -> bool:
+    """Whether `value` is a norm's result, close behind its rsqrt (or sqrt): a norm no
+    linear layer reads, which still gets a decision. Not a reduce: the variance's own
+    `/ n` and `+ eps` are affine steps right after one."""
+    return _normalizes(value, _NORM_DEPTH, ("stablehlo.rsqrt", "stablehlo.sqrt"))
+
+
 def plan(m: Match, analysis: Analysis) -> Plan | Refusal:
     """Each layer's kernel times g (float64, rounded once) and its bias b @ K."""
     g, b = m.form.factored.g, m.form.factored.b
     if not (np.all(np.isfinite(g)) and np.all(np.isfinite(b))):
         return Refusal(Code.PRECISION, "forward-norm: the folded scale or shift is not finite")
+    for c in m.layers:
+        if c.padded is not None and np.any(b != 0):
+            return Refusal(Code.PADDING, f"forward-norm: the pad at {_where(c.padded)} before "
+                                         f"the {_short(c.producer)} at {_where(c.producer)} "
+                                         f"adds positions that read 0 where the folded value "
+                                         f"would read the shift (beta); a non-zero pad does not "
+                                         f"commute with it")
     if np.any(b != 0) and (cancels := precision.shift_cancels(b / np.where(g == 0, 1, g))):
         return cancels.wrap("forward-norm")
     folds: list[Folded] = []
     for c in m.layers:
         if (problem := _crosses_narrowing(c, b)) is not None:
             return problem
+        shift = b * c.shift_factor
         op = c.producer
         in_axis = _input_axis(op, c.act_index)
         assert in_axis is not None
@@ -445,8 +632,8 @@ def plan(m: Match, analysis: Analysis) -> Plan | Refusal:
             return rewrite.wrap("forward-norm")
         bias: np.ndarray | None = None
         out_axis = 0
-        if np.any(b != 0):
-            through = shift_through(op, mapping, kernel, b)
+        if np.any(shift != 0):
+            through = shift_through(op, mapping, kernel, shift)
             if isinstance(through, Refusal):
                 return through.wrap("forward-norm")
             if through.bias is None:
@@ -459,7 +646,7 @@ def plan(m: Match, analysis: Analysis) -> Plan | Refusal:
                 return problem.wrap("forward-norm")
             bias, out_axis = through.bias, through.out_axis
         folds.append(Folded(c, rewrite, bias, out_axis))
-    return Plan(m, tuple(folds))
+    return Plan(m, tuple(folds), norm_op(m.form, analysis))
 
 
 @dataclass(frozen=True)
@@ -494,18 +681,24 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
     """The bare value, each layer's path to it, the folded layers and their biases."""
     m = p.match
     value = _build_bare(rewriter, m.form.bare, {})
-    paths: dict[int, ir.Value] = {}  # id of a path op -> its copy's result
+    on_path = m.reached
+    copies: dict[ir.Value, ir.Value] = {m.value: value}
+
+    def copy(v: ir.Value) -> ir.Value:
+        """A path value rebuilt on the bare value (every operand on a path replaced)."""
+        if v in copies:
+            return copies[v]
+        op = defining_op(v)
+        assert op is not None
+        replaced = {i: copy(o) for i, o in enumerate(op.operands)
+                    if o in on_path or o == m.value}
+        copies[v] = rewriter.clone(op, replaced).results[0]
+        return copies[v]
+
     built: list[ir.Operation] = []
     for f in p.folds:
         c = f.consumer
-        current = value
-        for op in c.path:
-            key = id(op)  # ops of this walk: alive for the whole apply
-            found = paths.get(key)
-            if found is None:
-                found = rewriter.clone(op, {0: current}).results[0]
-                paths[key] = found
-            current = found
+        current = copy(c.path[-1].results[0]) if c.path else value
         op = c.producer
         with ir.InsertionPoint(op):
             kernel_value = f.kernel.build(op.location)
@@ -517,17 +710,30 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
                 replacement = bias_add(folded.results[0], f.bias, f.out_axis, op.location)
             rewriter.replace_op(op, [replacement], successor=folded)
         built.append(folded)
-    return Applied(norm_op(m.form), tuple(built))
+    return Applied(p.norm, tuple(built))
 
 
-def norm_op(form: Form) -> ir.Operation:
+def norm_op(form: Form, analysis: Analysis | None = None) -> ir.Operation:
     """The op a norm's decision is recorded under: its scaling op with a constant nearest
     to the normalized value (the weight's multiply; not a scale further up the network
-    that the walk also factored)."""
-    for op in reversed(form.consumed):
-        if op.name in ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate"):
-            return op
-    return form.consumed[-1]
+    that the walk also factored). With `analysis`, a scale by one number everywhere after
+    the weight (torchax's `alpha` of the residual add, `x * 1.0`) is passed over: it
+    belongs to the op after the norm."""
+    scales = [op for op in reversed(form.consumed)
+              if op.name in ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate")]
+    if analysis is not None:
+        for op in scales:
+            if any(_varies(operand, analysis) for operand in op.operands):
+                return op
+    return scales[0] if scales else form.consumed[-1]
+
+
+def _varies(value: ir.Value, analysis: Analysis) -> bool:
+    const = analysis.constant(value)
+    if const is None:
+        return False
+    array = np.asarray(const.array)
+    return array.size > 1 and not np.all(array == array.flat[0])
 
 
 class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
@@ -538,27 +744,29 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
         seen: set[int] = set()
         for producer in chains.candidates(ctx).producers:
             producer = ctx.rewriter.current(producer)
-            if ctx.analysis.is_dead(producer) or \
-                    any(f.direction == "forward" for f in ctx.ledger.folds_of(producer)):
-                continue  # forward-affine's work: its decisions stand
+            if ctx.analysis.is_dead(producer):
+                continue
             for operand in producer.operands:
-                value = operand
-                owner = defining_op(value)
-                while owner is not None and owner.name in _LAYOUT and owner.block == producer.block:
-                    value = owner.operands[0]
-                    owner = defining_op(value)
-                if owner is None or owner.name not in _ELEMENTWISE or \
-                        owner.block != producer.block:
-                    continue
-                key = ctx.rewriter.handle(owner)
-                if key in seen:
-                    continue
+                for owner in _behind(operand, producer.block, ctx.analysis):
+                    key = ctx.rewriter.handle(owner)
+                    if key not in seen:
+                        seen.add(key)
+                        yield owner
+        # every norm gets a decision: one whose value reaches no linear layer (a residual
+        # add, func.return, RoPE) is refused in `match`, naming that use
+        for chain in chains.candidates(ctx).chains:
+            tail = _norm_end(chain, ctx)
+            if tail is None:
+                continue
+            key = ctx.rewriter.handle(tail)
+            if key not in seen:
                 seen.add(key)
-                yield owner
+                yield tail
 
     def match(self, ctx: Context, root: ir.Operation) -> Match | Refusal | None:
-        if ctx.analysis.is_dead(root) or ctx.rewriter.is_replaced(root):
-            return None
+        if ctx.analysis.is_dead(root) or ctx.rewriter.is_replaced(root) or \
+                ctx.ledger.is_folded(root):
+            return None  # forward-affine's work (a chain it folded): its decisions stand
         found = find(root, ctx.analysis)
         if isinstance(found, Match) and _forward_affines(found, ctx):
             return None
@@ -573,7 +781,7 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
         else:  # refused in match: a use that is not linear
             form = refused_form(subject, ctx.analysis)
         if form.consumed and not any(ctx.ledger.is_folded(op) for op in form.consumed):
-            ctx.ledger.refuse(norm_op(form), refusal, form.consumed)
+            ctx.ledger.refuse(norm_op(form, ctx.analysis), refusal, form.consumed)
 
     def apply(self, rewriter: Rewriter, plan: Plan) -> Applied:
         return build(rewriter, plan)
@@ -591,6 +799,8 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
                 if owner is not None and owner.name in _ELEMENTWISE and _normalizes(value) and \
                         consumers(result, analysis)[0]:
                     return True
+        if ctx.body_ops(callee) <= _MOVES:  # F.pad, torch.roll: steps of a norm's path
+            return any(_normalized_behind(operand, ctx) for operand in call.operands)
         if not (ctx.body_ops(callee) & {*producers.NAMES, "func.call"}):
             return False
         for operand in call.operands:
@@ -621,9 +831,65 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
             ctx.analysis.hand_on(FORWARD_FOLDS, fold, [producer])
 
 
+def _norm_end(chain: chains.Chain, ctx: Context) -> ir.Operation | None:
+    """The last op of a norm's affine chain whose value still has the affine (not a
+    narrowing convert after it: that rounds where it stands), or None (not a norm)."""
+    for step in reversed(chain.steps):
+        op = step.op
+        if ctx.rewriter.is_replaced(op) or ctx.analysis.is_dead(op) or \
+                len(op.results) != 1 or not _float(op.results[0]):
+            return None
+        value = op.results[0]
+        if not _is_norm(value):
+            return None
+        if not factor(value, ir.RankedTensorType(value.type).rank - 1,
+                      ctx.analysis).factored.is_bare:
+            return op
+    return None
+
+
+def _behind(value: ir.Value, block: ir.Block, analysis: Analysis) -> list[ir.Operation]:
+    """The elementwise ops a linear layer's operand `value` comes from, walking back
+    through the steps `consumers` walks forward through (a scalar divide's own op too)."""
+    found: list[ir.Operation] = []
+    owner = defining_op(value)
+    while owner is not None and owner.block == block and len(owner.results) == 1 and \
+            len(owner.operands) > 0:
+        if owner.name in _ELEMENTWISE:
+            found.append(owner)
+        nxt = owner.operands[_value_index(owner, analysis)] \
+            if owner.name in ("stablehlo.multiply", "stablehlo.divide") else owner.operands[0]
+        if not _passes(owner, nxt, analysis):
+            break
+        owner = defining_op(nxt)
+    return found
+
+
+def _normalized_behind(value: ir.Value, ctx: Context) -> bool:
+    """Whether `value` is a normalized value, possibly through path steps and calls of
+    helpers that only move values (Swin's `@_pad` then `@_roll_static`)."""
+    for _ in range(_MAX_PATH):
+        owner = defining_op(value)
+        if owner is None:
+            return False
+        if owner.name in _ELEMENTWISE:
+            return _normalizes(value)
+        if owner.name == "func.call":
+            called = callee(owner)
+            if called is None or not ctx.body_ops(called) <= _MOVES or not owner.operands:
+                return False
+        elif owner.name not in _LAYOUT and owner.name not in laws.NORM_PATH_LAWS:
+            return False
+        if not owner.operands:
+            return False
+        value = owner.operands[0]
+    return False
+
+
 def _forward_affines(m: Match, ctx: Context) -> bool:
-    """One layer reading a plain chain: forward-affine's business (it ran first)."""
-    if len(m.layers) != 1:
+    """One layer reading a plain chain through layout ops only: forward-affine's business
+    (it ran first; a slice, a sum or a pad on the way is this pattern's)."""
+    if len(m.layers) != 1 or any(op.name not in _LAYOUT for op in m.layers[0].path):
         return False
     return all(ctx.analysis.step(op) is not None for op in m.form.consumed) and \
         m.form.bare.op is None and not m.form.bare.negate
