@@ -278,3 +278,61 @@ def test_scales_and_norms_inside_helpers_called_twice_fold_per_call_site(where, 
     assert "call @norm" not in produced and "call @core" not in produced and \
         "call @proj" not in produced
     judged(text, produced, dtype)
+
+
+def test_every_norm_and_scale_decision_is_grouped_by_its_block():
+    """Llama blocks named `layers.<i>` (jax.named_scope): each block's norms and attention
+    scale fold, block 1's MLP norm is refused (its value also feeds the residual add),
+    the final norm is outside every block; the JSON names each decision's block and the
+    text report lists the decisions block by block."""
+    text, _ = tj.llama(layers=2, post_norm_in=1)
+    out = bnfold.fold_source(text)
+    report = out.report
+    data = report.to_json()
+    by_block: dict[str, list[str]] = {}
+    for f in data["folds"]:
+        assert f["block"] == (f["norm"].split("/")[1] if "layers." in f["norm"] else "main"), f
+        by_block.setdefault(f["block"], []).append(f["kind"])
+    for s in data["skipped"]:
+        assert s["block"] == (s["op"].split("/")[1] if "layers." in s["op"] else "main"), s
+    for i in range(2):
+        kinds = by_block[f"layers.{i}"]
+        assert kinds.count("scale") == 1 and kinds.count("normalization") == 2 - i, by_block
+    refused, = [s for s in report.skipped if s.code == Code.NONLINEAR_CONSUMER.value]
+    assert refused.block == "layers.1", refused
+    lines = report.table().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("block "))
+    group, seen = "", {}
+    for line in lines[start + 1:]:
+        if not line.strip():
+            break
+        group = line.split()[0] if not line.startswith(" ") else group
+        decision = line.split()[1] if not line.startswith(" ") else line.split()[0]
+        seen.setdefault(group, []).append(decision)
+    expected = {}
+    for f in report.folds:
+        expected.setdefault(f.block, []).append(f.id)
+    for s in report.skipped:
+        expected.setdefault(s.block, []).append("skipped")
+    assert {b: len(d) for b, d in seen.items()} == {b: len(d) for b, d in expected.items()}, \
+        report.table()
+    assert seen["layers.1"][0].startswith("fold") and "skipped" in seen["layers.1"]
+    judged(text, out.serialize().decode(), "f32", seeds=1)
+
+
+def test_block_of_a_location():
+    from bnfold.report import block_of
+    cases = {
+        "jit(f)/layers.0/attn/mul": "layers.0",
+        "model.layers.3.self_attn.q_proj": "model.layers.3",
+        "jit(f)/transformer/h.11/ln_1/mul": "transformer/h.11",
+        "jit(<lambda>)/ResNet/BasicBlock_2/BatchNorm_0/sub": "ResNet/BasicBlock_2",
+        "jit(f)/res_net/block_group_0/block_1/batchnorm_0/sub": "res_net/block_group_0/block_1",
+        "jit(<lambda>)/mobilenetv2_0.35_32/block_1_expand_BN/mul": "mobilenetv2_0.35_32/block_1",
+        "jit(f)/layers/2/norm/mul": "layers/2",
+        "jit(block)/eqx.nn.MultiheadAttention/vmap()/div": "main",
+        "jit(<lambda>)/ResNet/BatchNorm_0/sub": "main",
+        "model.mlir:12:10": "main",
+        "mul": "main",
+    }
+    assert {loc: block_of(loc, "main") for loc in cases} == cases

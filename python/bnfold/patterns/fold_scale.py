@@ -392,7 +392,8 @@ def _back_to_arguments(value: ir.Value, site: CallSite, analysis: Analysis) -> b
     """Whether the walk back from a scaled value inside a helper, through ops with scalar
     laws, reaches an argument of the helper that comes from an op of the caller (or a
     producer whose weight is an argument): where the fold needs the caller's IR."""
-    todo, seen = [value], set()
+    todo: list[ir.Value] = [value]
+    seen: set[ir.Value] = set()
     while todo and len(seen) < MAX_FORWARD:
         current = todo.pop()
         if current in seen:
@@ -420,7 +421,8 @@ def _back_to_arguments(value: ir.Value, site: CallSite, analysis: Analysis) -> b
 def _forward_to_scale(value: ir.Value, analysis: Analysis) -> bool:
     """Whether `value` (a call's result) reaches a constant scalar scale through ops with
     scalar laws."""
-    todo, seen = [value], set()
+    todo: list[ir.Value] = [value]
+    seen: set[ir.Value] = set()
     while todo and len(seen) < MAX_FORWARD:
         current = todo.pop()
         if current in seen:
