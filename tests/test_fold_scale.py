@@ -336,3 +336,31 @@ def test_block_of_a_location():
         "mul": "main",
     }
     assert {loc: block_of(loc, "main") for loc in cases} == cases
+
+
+INTEGER_LAYER = """
+func.func @main(%x: tensor<4x8xi8>) -> tensor<4x2x4xf32> {
+  %w = stablehlo.constant dense<3> : tensor<8x8xi8>
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x8xi8>, tensor<8x8xi8>) -> tensor<4x8xi32>
+  %b = stablehlo.constant dense<7> : tensor<4x8xi32>
+  %db = stablehlo.add %d, %b : tensor<4x8xi32>
+  %h = stablehlo.reshape %db : (tensor<4x8xi32>) -> tensor<4x2x4xi32>
+  %f = stablehlo.convert %h : (tensor<4x2x4xi32>) -> tensor<4x2x4xf32>
+  %c = stablehlo.constant dense<0.125> : tensor<4x2x4xf32>
+  %r = stablehlo.multiply %f, %c : tensor<4x2x4xf32>
+  return %r : tensor<4x2x4xf32>
+}
+"""
+
+
+def test_the_scale_of_an_integer_layer_is_refused_with_a_code():
+    """An int8 dot_general's i32 output (plus an integer bias, heads reshaped) converted to
+    f32 and scaled (breaker 3b): the scale gets a decision, a refusal saying the layer
+    computes in integers, and the module keeps its numbers."""
+    out = bnfold.fold_source(INTEGER_LAYER)
+    assert not out.report.folds, out.report.table()
+    refused, = out.report.skipped
+    assert refused.code == Code.QUANTIZED.value and "integers" in refused.reason, refused
+    assert refused.op_name == "stablehlo.multiply"
+    outcome = check.check(INTEGER_LAYER, out.serialize().decode(), seed=0)
+    assert all(o.difference == 0 for o in outcome.outputs), outcome

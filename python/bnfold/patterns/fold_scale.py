@@ -179,6 +179,10 @@ class _Walk:
                 return argument_refusal(value, "the weight the scale would go into")
             return Refusal(Code.NO_PRODUCER, f"{_name(value)} is a block argument")
         law = laws.scalar_law_of(op)
+        integer = _integer_producer(op)
+        if integer is not None:
+            self.reached = True  # a scale of a layer's output: it gets its decision
+            return integer
         if isinstance(law, Refusal):
             if op.name in ("stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.divide"):
                 law = Refusal(Code.NORMALIZED, f"{law.message}: a normalization would undo a "
@@ -454,6 +458,29 @@ def _scalar(analysis: Analysis, root: ir.Operation) -> tuple[int, float] | None:
             return None
         return 1 - index, scale
     return None
+
+
+def _integer_producer(op: ir.Operation) -> Refusal | None:
+    """A refusal when `op` converts an integer layer's output to floats (an int8
+    dot_general's i32 result, through layout ops and integer bias adds), else None: the
+    scale is that layer's dequantization, and its integer weights cannot take it."""
+    if op.name != "stablehlo.convert":
+        return None
+    ty = elements.tensor_type(op.operands[0])
+    if ty is None or elements.is_float(ty.element_type):
+        return None
+    source = defining_op(op.operands[0])
+    for _ in range(8):
+        if source is None or source.name in PRODUCERS or \
+                source.name not in (*PEEL, "stablehlo.add", "stablehlo.convert"):
+            break
+        source = defining_op(source.operands[0])
+    if source is None or source.name not in PRODUCERS:
+        return None
+    return Refusal(Code.QUANTIZED, f"it scales the output of {source.name}, which computes in "
+                                   f"integers ({ty.element_type}, converted to floats): its "
+                                   "integer weights cannot take a scale without becoming floats "
+                                   "(an integer layer's dequantization scale stays as it is)")
 
 
 def _reader(op: ir.Operation, analysis: Analysis) -> ir.Operation:
