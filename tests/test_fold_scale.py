@@ -389,3 +389,49 @@ def test_a_scale_folded_by_backward_affine_is_reported_as_a_constant_scale():
     assert fold.note.startswith("a constant scale 0.1 (multiply"), fold.note
     assert "1 multiply folded backward" in out.report.summary()
     judged(LAYER_SCALE, out.serialize().decode(), "f32")
+
+
+FAN_OUT_AND_INPUT = """
+func.func @main(%x: tensor<4x8xf32>, %kh: tensor<4x2x4xf32>) -> (tensor<2x4x4xf32>, tensor<4x8xf32>) {
+  %wq = stablehlo.constant dense<0.5> : tensor<8x8xf32>
+  %q = stablehlo.dot_general %x, %wq, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %qh = stablehlo.reshape %q : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %s = stablehlo.dot_general %qh, %kh, batching_dims = [1] x [1], contracting_dims = [2] x [2] : (tensor<4x2x4xf32>, tensor<4x2x4xf32>) -> tensor<2x4x4xf32>
+  %c = stablehlo.constant dense<0.3> : tensor<2x4x4xf32>
+  %r = stablehlo.multiply %s, %c : tensor<2x4x4xf32>
+  return %r, %q : tensor<2x4x4xf32>, tensor<4x8xf32>
+}
+"""
+
+UNBOUND = """
+func.func @main(%x: tensor<4x8xf32>, %wq: tensor<8x8xf32>, %wk: tensor<8x8xf32>, %wv: tensor<8x8xf32>) -> (tensor<2x4x4xf32>, tensor<4x8xf32>) {
+  %q = stablehlo.dot_general %x, %wq, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %k = stablehlo.dot_general %x, %wk, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %v = stablehlo.dot_general %x, %wv, contracting_dims = [1] x [0] : (tensor<4x8xf32>, tensor<8x8xf32>) -> tensor<4x8xf32>
+  %qh = stablehlo.reshape %q : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %kh = stablehlo.reshape %k : (tensor<4x8xf32>) -> tensor<4x2x4xf32>
+  %s = stablehlo.dot_general %qh, %kh, batching_dims = [1] x [1], contracting_dims = [2] x [2] : (tensor<4x2x4xf32>, tensor<4x2x4xf32>) -> tensor<2x4x4xf32>
+  %c = stablehlo.constant dense<0.3> : tensor<2x4x4xf32>
+  %r = stablehlo.multiply %s, %c : tensor<2x4x4xf32>
+  return %r, %v : tensor<2x4x4xf32>, tensor<4x8xf32>
+}
+"""
+
+
+def test_a_value_read_twice_is_the_reason_not_a_function_argument():
+    """Breaker 3d: q (x Wq) is also returned and k is an input of the function: the way
+    into Wq is stopped by q's second reader, the way into k ends at the argument. The
+    refusal names q's fan-out (code users) and mentions the argument after it, instead
+    of telling the user to bind parameters; where the weights themselves are arguments
+    (unbound), binding is still what it says."""
+    out = bnfold.fold_source(FAN_OUT_AND_INPUT)
+    refused, = out.report.skipped
+    assert refused.code == Code.USERS.value, refused
+    assert refused.reason.index("also read by func.return") < refused.reason.index("%arg1"), \
+        refused.reason
+    assert "bind them" not in out.report.summary()
+    unbound, = bnfold.fold_source(UNBOUND).report.skipped
+    assert unbound.code == Code.PARAMETER.value, unbound
+    for text in (FAN_OUT_AND_INPUT, UNBOUND):
+        outcome = check.check(text, bnfold.fold_source(text).serialize().decode(), seed=0)
+        assert all(o.difference == 0 for o in outcome.outputs), outcome
