@@ -435,3 +435,55 @@ def test_a_value_read_twice_is_the_reason_not_a_function_argument():
     for text in (FAN_OUT_AND_INPUT, UNBOUND):
         outcome = check.check(text, bnfold.fold_source(text).serialize().decode(), seed=0)
         assert all(o.difference == 0 for o in outcome.outputs), outcome
+
+
+def _bf16_layer_then_f32(chain: str, conv: bool = False, seed: int = 0) -> str:
+    """A bf16 dot_general (or convolution) converted to f32, then `* 0.102` ("scale") or a
+    batch norm ("bn") in f32, returned in f32, or converted back to bf16 ("bn_bf16":
+    torchvision's bf16 ResNet)."""
+    import jax
+    import jax.numpy as jnp
+    from jax import export
+
+    rng = np.random.default_rng(seed)
+    k, m = 64, 32
+    w = jnp.asarray(rng.normal(size=(3, 3, k, m) if conv else (k, m)) / 8, jnp.bfloat16)
+    mean, beta = (rng.normal(size=m).astype(np.float32) * 0.3 for _ in range(2))
+    var = rng.uniform(0.5, 2, size=m).astype(np.float32)
+    gamma = rng.normal(1, 0.3, size=m).astype(np.float32)
+
+    def f(x):
+        y = (jax.lax.conv_general_dilated(x, w, (1, 1), "SAME",
+                                          dimension_numbers=("NHWC", "HWIO", "NHWC"))
+             if conv else x @ w).astype(jnp.float32)
+        if chain == "scale":
+            return y * jnp.float32(0.102)
+        bn = (y - mean) * (gamma * jax.lax.rsqrt(var + 1e-5)) + beta
+        return bn.astype(jnp.bfloat16) if chain == "bn_bf16" else bn
+
+    shape = (2, 8, 8, k) if conv else (16, k)
+    return str(export.export(jax.jit(f))(jax.ShapeDtypeStruct(shape, jnp.bfloat16)).mlir_module())
+
+
+@pytest.mark.parametrize("chain", ["scale", "bn", "bn_bf16"])
+@pytest.mark.parametrize("conv", [False, True], ids=["dot", "conv"])
+def test_a_bf16_layer_scaled_in_f32_keeps_its_kernel_unless_rounded_back(chain, conv):
+    """Breaker 3e, rule 9: `convert(bf16 layer) -> f32 * c` (or a batch norm in f32) with
+    an f32 result is refused (folding rounds the scaled weights to bf16; the original,
+    on XLA, is f32-accurate); --fold-into-narrow-kernels folds it anyway. Rounded back to
+    bf16 at the end (torchvision's bf16 ResNet), it folds within the contract. Judged on
+    XLA against float64 of the original."""
+    text = _bf16_layer_then_f32(chain, conv)
+    out = bnfold.fold_source(text)
+    if chain == "bn_bf16":
+        assert len(out.report.folds) == 1, out.report.table()
+        judged(text, out.serialize().decode(), "bf16", seeds=3)
+        return
+    assert not out.report.folds, out.report.table()
+    refused, = out.report.skipped
+    assert refused.code == Code.PRECISION.value and "--fold-into-narrow-kernels" in \
+        refused.reason, refused
+    forced = bnfold.fold_source(text, options=bnfold.FoldOptions(fold_into_narrow_kernels=True))
+    assert len(forced.report.folds) == 1, forced.report.table()
+    o = check.check(text, forced.serialize().decode(), seed=0).outputs[0]
+    assert o.output_error > 100 * o.original_error, o  # what the rule keeps out
