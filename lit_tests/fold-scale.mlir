@@ -262,3 +262,21 @@ func.func @fused_overlapping_slices_keep_the_scale(%x: tensor<3x4xf32>) -> tenso
   %r = stablehlo.multiply %s, %c : tensor<2x3x3xf32>
   return %r : tensor<2x3x3xf32>
 }
+
+// -----
+
+// An int8 layer's i32 output converted to f32 and scaled (its dequantization scale,
+// breaker 3b): integer weights cannot take the scale; it stays (code quantized-kernel).
+
+// CHECK-LABEL: @integer_layer_keeps_its_scale
+// CHECK:         stablehlo.dot_general {{.+}} -> tensor<4x8xi32>
+// CHECK-NEXT:    %[[F:.+]] = stablehlo.convert
+// CHECK:         stablehlo.multiply %[[F]], %{{.+}} : tensor<4x8xf32>
+func.func @integer_layer_keeps_its_scale(%x: tensor<4x8xi8>) -> tensor<4x8xf32> {
+  %w = stablehlo.constant dense<3> : tensor<8x8xi8>
+  %d = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<4x8xi8>, tensor<8x8xi8>) -> tensor<4x8xi32>
+  %f = stablehlo.convert %d : (tensor<4x8xi32>) -> tensor<4x8xf32>
+  %c = stablehlo.constant dense<0.125> : tensor<4x8xf32>
+  %r = stablehlo.multiply %f, %c : tensor<4x8xf32>
+  return %r : tensor<4x8xf32>
+}

@@ -399,3 +399,34 @@ func.func @mean_pool_into_the_head(%x: tensor<4x2xf32>, %mean: tensor<4x1xf32>, 
   %q = stablehlo.dot_general %avg, %w1, contracting_dims = [0] x [0] : (tensor<2xf32>, tensor<2x3xf32>) -> tensor<3xf32>
   return %q : tensor<3xf32>
 }
+
+// -----
+
+// A relu reads `n * gamma` before `+ beta` (breaker 3a): the affine is needed there,
+// so nothing folds, and the refusal names the op that reads it partway.
+
+// CHECK-LABEL: @relu_partway_through_the_affine_is_refused
+// CHECK:         stablehlo.maximum %[[S:[^,]+]], %{{.+}}
+// CHECK-NEXT:    %[[V:.+]] = stablehlo.add %[[S]], %{{.+}}
+// CHECK-NEXT:    stablehlo.dot_general %[[V]], %{{.+}}, contracting_dims
+// CHECK-NEXT:    stablehlo.dot_general %[[V]], %{{.+}}, contracting_dims
+// REPORT: "reason": "forward-norm: the normalized value partway through its affine (the result of multiply at {{[^ ]*}}:[[# @LINE + 13]]:8, before the rest of it) feeds stablehlo.maximum at {{[^ ]*}}:[[# @LINE + 14]]:11, which is not a linear layer;
+// REPORT: "code": "nonlinear-consumer"
+func.func @relu_partway_through_the_affine_is_refused(%x: tensor<4x2xf32>, %var: tensor<4x1xf32>) -> (tensor<4x3xf32>, tensor<4x2xf32>, tensor<4x2xf32>) {
+  %g = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
+  %b = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<4x2xf32>
+  %w1 = stablehlo.constant dense<[[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]> : tensor<2x3xf32>
+  %w2 = stablehlo.constant dense<[[1.0, 1.0], [1.0, -1.0]]> : tensor<2x2xf32>
+  %r = stablehlo.rsqrt %var : tensor<4x1xf32>
+  %rb = stablehlo.broadcast_in_dim %r, dims = [0, 1] : (tensor<4x1xf32>) -> tensor<4x2xf32>
+  %n = stablehlo.multiply %x, %rb : tensor<4x2xf32>
+  %gb = stablehlo.broadcast_in_dim %g, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %bb = stablehlo.broadcast_in_dim %b, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %s = stablehlo.multiply %n, %gb : tensor<4x2xf32>
+  %relu = stablehlo.maximum %s, %z : tensor<4x2xf32>
+  %v = stablehlo.add %s, %bb : tensor<4x2xf32>
+  %q = stablehlo.dot_general %v, %w1, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
+  %k = stablehlo.dot_general %v, %w2, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x2xf32>) -> tensor<4x2xf32>
+  return %q, %k, %relu : tensor<4x3xf32>, tensor<4x2xf32>, tensor<4x2xf32>
+}

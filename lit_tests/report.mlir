@@ -86,7 +86,8 @@ func.func @fold_into_dot_general(%x: tensor<2x3xf32>) -> tensor<2x4xf32> {
   // REPORT-NEXT: "channels": 4,
   // REPORT:      "function": "fold_into_dot_general",
   // REPORT-NEXT: "kernel_rounding": {{[0-9.e+-]+}},
-  // REPORT-NEXT: "kind": "normalization"
+  // REPORT-NEXT: "kind": "normalization",
+  // REPORT-NEXT: "block": "fold_into_dot_general"
   // REPORT-NEXT: }
   // REPORT-NEXT: ],
   return %bn : tensor<2x4xf32>
@@ -207,7 +208,8 @@ func.func @skip_intermediate_has_second_user(%x: tensor<1x3x3x2xf32>) -> (tensor
   // REPORT-NEXT: "op_name": "stablehlo.multiply",
   // REPORT-NEXT: "reason": "intermediate value has 2 users",
   // REPORT-NEXT: "function": "skip_intermediate_has_second_user",
-  // REPORT-NEXT: "code": "users"
+  // REPORT-NEXT: "code": "users",
+  // REPORT-NEXT: "block": "skip_intermediate_has_second_user"
   // REPORT-NEXT: }
   // REPORT-NEXT: ],
   // REPORT-NEXT: "expanded": 0,

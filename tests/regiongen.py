@@ -1265,7 +1265,9 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
     constant weights (fan-out), whose outputs are summed. `variant` picks the spelling:
     0 LayerNorm `n * g + b`; 1 Flax `(x - m) * (r * g) + b`; 2 Keras `x * inv + (-m * inv
     + b)` with `inv = r * g`; 3 RMSNorm `w * n`; 4 Gemma `n * (1 + w)`. `flag`: the
-    normalized value is also a function result (a use that is not linear: refused)."""
+    normalized value is also a function result (a use that is not linear: refused); for
+    LayerNorm with an odd `pick // 3`, the value partway through its affine (`n * g`
+    before `+ b`) is the result instead (refused too)."""
     axis = x.axis
     if axis is None or x.channels < 2 or x.dtype not in FLOATS:
         return x
@@ -1291,9 +1293,10 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
     loc = f"norm{len(b.norms) + 1}"
     g = b.rng.normal(1.0, 0.5, c)
     beta = b.rng.normal(0.0, 0.5, c)
+    partway: Val | None = None
     if kind == 0:
-        v = b.binary("add", b.binary("multiply", b.binary("multiply", xm, rb), b.like(x, g, True), loc),
-                     b.like(x, beta, True))
+        partway = b.binary("multiply", b.binary("multiply", xm, rb), b.like(x, g, True), loc)
+        v = b.binary("add", partway, b.like(x, beta, True))
     elif kind == 1:
         inv = b.binary("multiply", rb, b.like(x, g, True), loc)
         v = b.binary("add", b.binary("multiply", xm, inv), b.like(x, beta, True))
@@ -1320,7 +1323,7 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
         y = b.dot(v, kernel, v.axis, 0, False, f"{loc}_layer{i + 1}")
         out = y if out is None else b.binary("add", out, y)
     if s.flag:
-        b.extra_outputs.append(v)
+        b.extra_outputs.append(partway if partway is not None and (s.pick // 3) % 2 else v)
     b.features.add("norm")
     if layers > 1:
         b.features.add("norm_fan_out")

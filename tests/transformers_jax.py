@@ -172,3 +172,33 @@ def helpers(*, where: str = "core", layers: int = 2, dtype: str = "f32", model: 
         return x
 
     return _export(f, jax.ShapeDtypeStruct((seq, model), dt)), layers
+
+
+def llama(*, layers: int = 2, dtype: str = "f32", model: int = 32, heads: int = 4,
+          head_dim: int = 8, hidden: int = 48, seq: int = 6, post_norm_in: int | None = None,
+          seed: int = 4) -> tuple[str, int]:
+    """Pre-norm Llama blocks, each under `jax.named_scope("layers.<i>")` (its ops are named
+    `jit(f)/layers.<i>/...`): RMSNorm into q, k, v; the attention scale; RMSNorm into gate
+    and up; a final RMSNorm into the head (outside every block). In block `post_norm_in`
+    the MLP's normalized value is also added to the residual (a use that is not linear).
+    Returns (text, number of norms + constant scales)."""
+    dt = DTYPES[dtype]
+
+    def f(x):
+        for i in range(layers):
+            wq, wk, wv, wo, wg, wu, wd, n1, n2 = _weights(
+                seed + i, dt, *[(model, heads * head_dim)] * 3, (heads * head_dim, model),
+                (model, hidden), (model, hidden), (hidden, model), (model,), (model,))
+            with jax.named_scope(f"layers.{i}"):
+                s = x.shape[0]
+                h = rms_norm(x, n1 + 1)
+                q, k, v = ((h @ w).reshape(s, heads, head_dim) for w in (wq, wk, wv))
+                scores = jnp.einsum("qhd,khd->hqk", q, k) * jnp.asarray(1 / math.sqrt(head_dim), dt)
+                o = jnp.einsum("hqk,khd->qhd", jax.nn.softmax(scores, -1), v)
+                x = x + o.reshape(s, heads * head_dim) @ wo
+                h = rms_norm(x, n2 + 1)
+                x = x + (jax.nn.silu(h @ wg) * (h @ wu)) @ wd + (h if i == post_norm_in else 0)
+        fn, head = _weights(seed + layers, dt, (model,), (model, 40))
+        return rms_norm(x, fn + 1) @ head
+
+    return _export(f, jax.ShapeDtypeStruct((seq, model), dt)), 3 * layers + 1

@@ -59,7 +59,12 @@ class Fold:
             "direction": self.direction, "channels": self.channels, "ops": self.ops,
             "function": self.function, "kernel_rounding": self.kernel_rounding,
             "kind": self.kind,
-        } | ({"note": self.note} if self.note else {})
+        } | ({"note": self.note} if self.note else {}) | {"block": self.block}
+
+    @property
+    def block(self) -> str:
+        """The block of the model its normalization (or scale) is in (`block_of`)."""
+        return block_of(self.norm, self.function)
 
 
 @dataclass
@@ -83,7 +88,62 @@ class Skip:
     def to_json(self) -> dict[str, Any]:
         return {"op": self.op, "op_name": self.op_name, "reason": self.reason,
                 "function": self.function, "code": self.code} | \
-            ({"layers": self.layers} if self.layers else {})
+            ({"layers": self.layers} if self.layers else {}) | {"block": self.block}
+
+    @property
+    def block(self) -> str:
+        """The block of the model the refused op is in (`block_of`)."""
+        return block_of(self.op, self.function)
+
+
+# A transform in a name path (`jit(f)`, `vmap()`, `pjit(<lambda>)`), not a module.
+_TRANSFORM_RE = re.compile(r"^[\w.<>-]*\(.*\)$")
+# A module list's index (`layers.0`, `h/3`) or an indexed block (`BasicBlock_0`, `block_2`,
+# `layers_1`; `block_1_expand_BN`: Keras' flat names, the block is `block_1`).
+_INDEX_RE = re.compile(r"^\d+$")
+_BLOCK_RE = re.compile(r"^(?:\w*(?:block|layer|stage)s?|h)[_-]?\d+(?=$|_)", re.IGNORECASE)
+_FILE_LOCATION_RE = re.compile(r":\d+:\d+$")
+
+
+def block_of(location: str, function: str) -> str:
+    """The block an op belongs to, from its location's name path (jax.export's
+    `jit(f)/layers.0/attn/mul`, Flax's `ResNet/BasicBlock_0/BatchNorm_0/sub`, a torch
+    module path `model.layers.0.self_attn`): the path up to the first module-list index
+    (`layers.0`), else up to the last indexed block (`ResNet/BasicBlock_0`); transforms
+    (`jit(f)`, `vmap()`) left out. Without either (a file location, a bare name), the
+    function's name."""
+    if not location or _FILE_LOCATION_RE.search(location):
+        return function
+    tokens: list[tuple[str, str]] = []  # (separator before, segment)
+    for i, component in enumerate(_split_top_level(location, "/")):
+        if _TRANSFORM_RE.match(component):
+            continue
+        pieces = component.split(".") if "(" not in component else [component]
+        for j, piece in enumerate(pieces):
+            tokens.append(("." if j else "/" if i and tokens else "", piece))
+    names = [t for _, t in tokens]
+    cut = next((i for i, t in enumerate(names) if i and _INDEX_RE.match(t)), None)
+    if cut is None:
+        blocks = [i for i, t in enumerate(names[:-1]) if _BLOCK_RE.match(t)]
+        if not blocks:
+            return function
+        cut = blocks[-1]
+        last = _BLOCK_RE.match(names[cut])
+        assert last is not None
+        tokens[cut] = (tokens[cut][0], last.group(0))
+    return "".join(sep + t for sep, t in tokens[:cut + 1]).lstrip("/.") or function
+
+
+def _split_top_level(text: str, separator: str) -> list[str]:
+    """`text` split at `separator` outside parentheses (`vmap(eqx.nn.Linear)/dot`)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        if ch == separator and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [p for p in parts if p]
 
 
 _PATH_PART_RE = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([A-Za-z_]\w*)")
@@ -382,6 +442,8 @@ class Report:
 
             skipped  op                 op name                         code    reason
             1        model.mlir:30:10   stablehlo.batch_norm_inference  ...     the mean is ...
+
+        and, where the module has more than one block, every decision by block (`_blocks`).
         """
         rows = [("fold", "direction", "producer", "norm", "channels", "rounding", "kind")]
         rows += [(f.id, f.direction, f.producer, f.norm, str(f.channels),
@@ -401,6 +463,7 @@ class Report:
             lines += columns(skips)
         else:
             lines.append("nothing skipped")
+        lines += self._blocks()
         for part in self._shown():
             table = part.section.table(part)
             if table:
@@ -409,6 +472,27 @@ class Report:
             lines += ["", f"note: {STATISTICS_NOTE}"]
         lines += ["", self.summary()]
         return "\n".join(lines) + "\n"
+
+    def _blocks(self) -> list[str]:
+        """Every decision (a fold, or a skipped op by its number in the skipped table) grouped
+        by the block it is in (`block_of`), where the module has more than one block:
+
+            block                decision   kind           into / code
+            model.layers.0       fold0      normalization  jit(f)/model.layers.0/q/dot_general
+                                 fold1      scale          jit(f)/model.layers.0/q/dot_general
+                                 skipped 2  add            nonlinear-consumer
+        """
+        rows: dict[str, list[tuple[str, str, str]]] = {}
+        for f in self.folds:
+            rows.setdefault(f.block, []).append((f.id, f.kind, f.producer))
+        for i, s in enumerate(self.skipped, 1):
+            rows.setdefault(s.block, []).append((f"skipped {i}", _short(s.op_name), s.code))
+        if len(rows) < 2:
+            return []
+        table = [("block", "decision", "kind", "into / code")]
+        for block, decisions in rows.items():
+            table += [(block if i == 0 else "", *d) for i, d in enumerate(decisions)]
+        return ["", *columns(table)]
 
     def params(self) -> dict[str, np.ndarray]:
         """Flat `{"fold0/gamma": array, ..., "eq0/scale0": array, "q0/scale": array}` for

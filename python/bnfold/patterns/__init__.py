@@ -58,7 +58,14 @@ REGISTRY: tuple[Entry, ...] = (
     Entry("backward-affine",
           "fold a per-channel affine chain (batch_norm_inference or its decomposed spellings) "
           "into the convolution/dot_general before it",
-          "bnfold.patterns.backward_affine", Stage.FOLD),
+          "bnfold.patterns.backward_affine", Stage.FOLD, options=(
+              Option("fold_into_narrow_kernels", False, Meta(
+                  "fold an affine that the original applies in a wider type than its "
+                  "producer's, and whose result stays wide (convert(bf16 dot_general) to f32, "
+                  "times a scale, returned in f32), into the narrow kernel anyway: the scaled "
+                  "weights are rounded to the kernel's type, which the original never does "
+                  "(docs/precision.md, rule 9; default: refused)",
+                  flag="--fold-into-narrow-kernels", pass_option="fold-into-narrow-kernels")),)),
     Entry("forward-affine",
           "fold a per-channel affine chain into the convolution/dot_general after it (through "
           "zero padding with an exact border correction)",

@@ -124,9 +124,13 @@ def _arena(ctx: Context) -> precision.Arena:
 
 
 def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
-              require_normalizing: bool = True, arena: precision.Arena | None = None
-              ) -> Plan | Refusal:
+              require_normalizing: bool = True, arena: precision.Arena | None = None,
+              narrow_kernels: bool = False) -> Plan | Refusal:
     """The longest foldable prefix of `chain` over the producers' candidate axes, or why none.
+
+    `narrow_kernels` (--fold-into-narrow-kernels) folds an affine applied in a wider type
+    than the producer's, whose result stays wide, into the narrow kernel anyway
+    (`_scaled_in`).
 
     The new kernels are rounded into `arena` when given: the plan must then be
     applied (or dropped) before the arena is cleared.
@@ -175,10 +179,14 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
     # bias (require_normalizing=False) keeps the kernels when the scale is 1.
     if require_normalizing or np.any(fit.scale != 1):
         rewrites = []
+        scaled_in = compute if narrow_kernels else \
+            _scaled_in(list(composed.steps), fit, compute, analysis)
         for leaf, kernel_axis in zip(source.leaves, kernel_axes, strict=True):
-            kernel = producers.kernel(leaf.operands[kernel_axis.operand], compute,
+            kernel = producers.kernel(leaf.operands[kernel_axis.operand], scaled_in,
                                       analysis.evaluator, _producer_word(leaf))
             if isinstance(kernel, Refusal):
+                if kernel.code is Code.PRECISION and scaled_in != compute:
+                    return _stays_wide(compute, scaled_in, _producer_word(leaf))
                 return kernel
             factor = producers.axis_factor(fit.scale, kernel_axis.axis, len(kernel.shape))
             planned = plan_kernel(kernel, factor, kernel_axis.operand, arena=arena)
@@ -200,6 +208,62 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
         return problem
     return Plan(source, tuple(composed.steps), fit, None if rewrites is None else tuple(rewrites),
                 bias, composed.stop_reason, chain)
+
+
+_SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.batch_norm_inference")
+
+
+def _scaled_in(steps: list[Step], fit: Affine, compute: np.dtype, analysis: Analysis
+               ) -> np.dtype:
+    """The type the fold must treat the scale as computed in (docs/precision.md, rule 9):
+    the producer's (`compute`), unless the chain converts the producer's narrow result to
+    a wider type, scales it there and its result stays wide (`convert(bf16 dot) -> f32 *
+    c`, returned in f32). Then the original rounds no weight, and XLA computes the
+    converted dot_general's result in f32 too: a scaled kernel rounded to the narrow type
+    is a rounding the original does not make (measured: up to 1e4x its error against
+    float64), so the wide type is returned (the kernel then needs a wide source behind a
+    convert). A chain rounded back to the producer's type at its end (torchvision's bf16
+    ResNet: bf16 conv, f32 batch norm, convert to bf16) keeps `compute`: its last
+    rounding dominates (measured: within 1.9x, inside the contract's one bf16 ulp), as
+    do a chain that computes in the narrow type before its convert (`(y - mean)` in bf16:
+    the original rounds there; measured within 2.2x, inside one bf16 ulp) and a
+    power-of-two scale with the same exponent range (exact)."""
+    def dtype(value: ir.Value) -> np.dtype | None:
+        ty = elements.ranked_type(value)
+        return elements.numpy_dtype(ty.element_type) if ty is not None else None
+
+    wide = [d for s in steps if s.name in _SCALING and (d := dtype(s.result)) is not None and
+            precision.is_narrower(compute, d)]
+    if not wide or not steps:
+        return compute
+    for step in steps:
+        if step.name == "stablehlo.convert":
+            break
+        if step.name not in affine.LAYOUT:
+            return compute  # the original rounds in the narrow type after the producer
+    end = dtype(steps[-1].result)
+    user = analysis.sole_live_user(steps[-1].result)
+    if user is not None and user.name == "stablehlo.convert":
+        end = dtype(user.results[0])
+    if end is None or not precision.is_narrower(compute, end):
+        return compute  # rounded back to the producer's type (or narrower) at the end
+    widest = max(wide, key=precision.significand_bits)
+    mantissas = np.frexp(np.abs(fit.scale[fit.scale != 0]))[0]
+    if np.all(mantissas == 0.5) and precision.same_exponent_range(widest, compute):
+        return compute  # powers of two: exact in the narrow type
+    return widest
+
+
+def _stays_wide(compute: np.dtype, wide: np.dtype, producer: str) -> Refusal:
+    n, w = precision.type_name(compute), precision.type_name(wide)
+    return Refusal(Code.PRECISION,
+                   f"precision: the {producer} computes in {n}, but its result is converted to "
+                   f"{w}, scaled there, and stays {w}; folding would round the scaled weights "
+                   f"to {n} (relative error up to {precision.unit_roundoff(compute):.1e}), a "
+                   f"rounding the original does not make (XLA computes a converted {n} "
+                   f"{producer}'s result in {w}: measured up to 1e4x the original's error "
+                   f"against float64). Keep it, keep the weights in {w} behind a convert, or "
+                   f"fold anyway with --fold-into-narrow-kernels")
 
 
 def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analysis) -> bool:
@@ -373,7 +437,8 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal:
         arena = ctx.shared(_arena)
         arena.clear()  # the last plan's kernels are attributes by now
-        return plan_fold(match.source, match.chain, ctx.analysis, arena=arena)
+        return plan_fold(match.source, match.chain, ctx.analysis, arena=arena,
+                         narrow_kernels=ctx.options.fold_into_narrow_kernels)
 
     def refuse(self, ctx: Context, subject: Chain | Match, refusal: Refusal) -> None:
         chain = subject.chain if isinstance(subject, Match) else subject

@@ -189,9 +189,13 @@ class _Walk:
         op = defining_op(value)
         if op is None:
             if is_function_argument(value):
-                return argument_refusal(value, "the weight the scale would go into")
+                return argument_refusal(value, "the value the scale would pass")
             return Refusal(Code.NO_PRODUCER, f"{_name(value)} is a block argument")
         law = laws.scalar_law_of(op)
+        integer = _integer_producer(op)
+        if integer is not None:
+            self.reached = True  # a scale of a layer's output: it gets its decision
+            return integer
         if isinstance(law, Refusal):
             if op.name in ("stablehlo.rsqrt", "stablehlo.sqrt", "stablehlo.divide"):
                 law = Refusal(Code.NORMALIZED, f"{law.message}: a normalization would undo a "
@@ -358,7 +362,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal | None:
         policy: dict[Handle, int] = {}
         reaches: dict[Handle, bool] = {}
-        refusals: list[Refusal] = []
+        refusals: list[tuple[Refusal, int]] = []  # each way's refusal, and how far it got
         reached = False
         for _ in range(MAX_ATTEMPTS):
             walk = _Walk(ctx, match, policy, reaches)
@@ -366,7 +370,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
             reached = reached or walk.reached
             if not refused(result):
                 return result
-            refusals.append(result)
+            refusals.append((result, len(walk.crossed)))
             while walk.trail:
                 key, count = walk.trail.pop()
                 following = policy.get(key, 0) + 1
@@ -378,8 +382,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
                 break
         if not reached:
             return None  # no weight behind it: not a scale bnfold could fold
-        best = min(refusals, key=lambda r: _RANK.get(r.code, 9))
-        return best.wrap(f"the scale {match.scale:.6g} ({match.root.name})")
+        return _best(refusals).wrap(f"the scale {match.scale:.6g} ({match.root.name})")
 
     def apply(self, rewriter: Rewriter, plan: Plan) -> list[ir.Operation]:
         by_target: dict[Handle, list[Edit]] = {}
@@ -540,6 +543,48 @@ def _reads_unscaled(user: ir.Operation, mask: laws.Mask | None) -> bool:
     assert law.part is not None
     read = law.part(user, 0, _everything(user.results[0]))
     return not isinstance(read, Refusal) and not bool(np.any(read & mask))
+
+
+_ARGUMENT = (Code.PARAMETER, Code.LOOP, Code.KERNEL_ARGUMENT)
+
+
+def _best(refusals: list[tuple[Refusal, int]]) -> Refusal:
+    """The refusal that tells the user most (`_RANK`). A way that ends at a function
+    argument says "bind it" only where no other way got further: when the way through the
+    weights is stopped by a computed value read twice (q also returned) and the other way
+    ends at an argument (k passed in: an input, or an unbound parameter), the fan-out is
+    the obstacle, and the argument is mentioned after it."""
+    best, depth = min(refusals, key=lambda r: _RANK.get(r[0].code, 9))
+    if best.code not in _ARGUMENT:
+        return best
+    further = [(r, d) for r, d in refusals if r.code is Code.USERS and d > depth]
+    if not further:
+        return best
+    users, _ = max(further, key=lambda r: r[1])
+    return Refusal(Code.USERS, f"{users.message} (the other way: {best.message})")
+
+
+def _integer_producer(op: ir.Operation) -> Refusal | None:
+    """A refusal when `op` converts an integer layer's output to floats (an int8
+    dot_general's i32 result, through layout ops and integer bias adds), else None: the
+    scale is that layer's dequantization, and its integer weights cannot take it."""
+    if op.name != "stablehlo.convert":
+        return None
+    ty = elements.tensor_type(op.operands[0])
+    if ty is None or elements.is_float(ty.element_type):
+        return None
+    source = defining_op(op.operands[0])
+    for _ in range(8):
+        if source is None or source.name in PRODUCERS or \
+                source.name not in (*PEEL, "stablehlo.add", "stablehlo.convert"):
+            break
+        source = defining_op(source.operands[0])
+    if source is None or source.name not in PRODUCERS:
+        return None
+    return Refusal(Code.QUANTIZED, f"it scales the output of {source.name}, which computes in "
+                                   f"integers ({ty.element_type}, converted to floats): its "
+                                   "integer weights cannot take a scale without becoming floats "
+                                   "(an integer layer's dequantization scale stays as it is)")
 
 
 def _reader(op: ir.Operation, analysis: Analysis) -> ir.Operation:

@@ -109,6 +109,9 @@ class Form:
     factored: laws.Factored
     bare: Bare
     consumed: tuple[ir.Operation, ...]
+    # The values before this one that carry part of the affine (`n * g` before `+ b`):
+    # the fold removes them, so nothing else may read them.
+    scaled: tuple[ir.Value, ...] = ()
 
 
 def factor(value: ir.Value, axis: int, analysis: Analysis) -> Form:
@@ -195,6 +198,9 @@ def _law(op: ir.Operation, v: ir.Value, operands: list[Form | np.ndarray]) -> Fo
     if law is None:
         return None
     consumed = tuple(o for f in forms if f is not None for o in f.consumed)
+    scaled = tuple(w for f, operand in zip(forms, op.operands, strict=True)
+                   if f is not None and not f.factored.is_bare
+                   for w in (*f.scaled, operand))
     if any(f is None for f in forms):
         consumed = (*consumed, op)
     if law.build == "op":
@@ -207,7 +213,7 @@ def _law(op: ir.Operation, v: ir.Value, operands: list[Form | np.ndarray]) -> Fo
         kept = forms[law.operand]
         assert kept is not None
         built = kept.bare if law.build == "keep" else Bare(v, None, (kept.bare,), negate=True)
-    return Form(law.factored, built, consumed)
+    return Form(law.factored, built, consumed, scaled)
 
 
 # --- where the value goes ----------------------------------------------------------------
@@ -313,7 +319,7 @@ def _where(op: ir.Operation) -> str:
     return format_location(op.location)
 
 
-def _nonlinear(user: ir.Operation) -> str:
+def _nonlinear(user: ir.Operation, partway: str = "") -> str:
     at = _where(user)
     if user.name == "func.return":
         what = "leaves the function (func.return)"
@@ -326,8 +332,8 @@ def _nonlinear(user: ir.Operation) -> str:
         what = f"feeds {user.name} at {at} (a residual or other non-linear use)"
     else:
         what = f"feeds {user.name} at {at}, which is not a linear layer"
-    return (f"forward-norm: the normalized value {what}; its affine can fold only where "
-            f"every use is a convolution or dot_general with a constant kernel")
+    return (f"forward-norm: the normalized value {partway}{what}; its affine can fold only "
+            f"where every use is a convolution or dot_general with a constant kernel")
 
 
 def _activation(op: ir.Operation, v: ir.Value, analysis: Analysis) -> int | None:
@@ -551,8 +557,25 @@ def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
         return None
     if problem is not None:
         return problem
+    if (problem := _read_midway(value, form, analysis)) is not None:
+        return problem
     assert axis is not None
     return Match(value, axis, form, tuple(found), _reached(value, analysis))
+
+
+def _read_midway(value: ir.Value, form: Form, analysis: Analysis) -> Refusal | None:
+    """A refusal when an op other than the affine's own next step reads a value partway
+    through it (a relu on `n * g` before `+ b`): that op needs the affine computed."""
+    inside = {value, *form.scaled}
+    for partial in form.scaled:
+        for user in analysis.live_users(partial):
+            if not any(r in inside for r in user.results):
+                owner = defining_op(partial)
+                at = f" at {_where(owner)}" if owner is not None else ""
+                return Refusal(Code.NONLINEAR_CONSUMER, _nonlinear(
+                    user, f"partway through its affine (the result of {_short(owner)}{at}, "
+                          f"before the rest of it) " if owner is not None else ""))
+    return None
 
 
 def refused_form(root: ir.Operation, analysis: Analysis) -> Form:

@@ -138,13 +138,32 @@ def fold_record(ledger: Ledger, producer: ir.Operation, norm: ir.Operation, fit:
     params = {"scale": fit.scale.copy(), "shift": fit.shift.copy()}
     if len(fit.gamma_beta) == 1:
         params.update(fit.gamma_beta[0])
+    found = kind(steps, fit)
+    scalar = direction == "backward" and found == "affine" and constant_scale(steps, fit)
     return Fold(
         id="", producer=ledger.location(producer), producer_op=producer.name,
         norm=ledger.location(norm), norm_op=norm.name,
-        form="batch_norm_inference" if fit.gamma_beta else "decomposed",
+        form="scale" if scalar else "batch_norm_inference" if fit.gamma_beta else "decomposed",
         direction=direction, channels=fit.channels, ops=[], function=function_name(producer),
-        params=params, kernel_rounding=kernel_rounding, kind=kind(steps, fit),
+        params=params, kernel_rounding=kernel_rounding, kind="scale" if scalar else found,
+        note=(f"a constant scale {float(fit.scale[0]):.6g} ({_names(steps)} by a constant "
+              f"scalar), into the kernel of the {producer.name.removeprefix('stablehlo.')} "
+              f"before it" if scalar else ""),
     )
+
+
+def constant_scale(steps: list[Step], fit: Affine) -> bool:
+    """Whether the chain is a constant scalar scale (`y * 0.1`, `logits / cap`: every
+    channel scaled by the same constant, no shift), what fold-scale calls a constant
+    scale: the report says so (kind "scale") whichever pattern folds it."""
+    return bool(steps) and all(s.name in ("stablehlo.multiply", "stablehlo.divide")
+                               for s in steps) and \
+        bool(np.all(fit.shift == 0)) and bool(np.all(fit.scale == fit.scale[0])) and \
+        abs(float(fit.scale[0])) != 1
+
+
+def _names(steps: list[Step]) -> str:
+    return " and ".join(dict.fromkeys(s.name.removeprefix("stablehlo.") for s in steps))
 
 
 def kind(steps: list[Step], fit: Affine) -> str:
