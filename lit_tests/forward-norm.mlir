@@ -402,17 +402,19 @@ func.func @mean_pool_into_the_head(%x: tensor<4x2xf32>, %mean: tensor<4x1xf32>, 
 
 // -----
 
-// A relu reads `n * gamma` before `+ beta` (breaker 3a): the affine is needed there,
-// so nothing folds, and the refusal names the op that reads it partway.
+// A relu reads `n * gamma` before `+ beta` (breaker 3a): that multiply stays for the
+// relu, and the layers read the bare `n` with gamma and beta folded into them
+// (diag(gamma) W and beta W): what every reader computes is unchanged.
 
-// CHECK-LABEL: @relu_partway_through_the_affine_is_refused
-// CHECK:         stablehlo.maximum %[[S:[^,]+]], %{{.+}}
-// CHECK-NEXT:    %[[V:.+]] = stablehlo.add %[[S]], %{{.+}}
-// CHECK-NEXT:    stablehlo.dot_general %[[V]], %{{.+}}, contracting_dims
-// CHECK-NEXT:    stablehlo.dot_general %[[V]], %{{.+}}, contracting_dims
-// REPORT: "reason": "forward-norm: the normalized value partway through its affine (the result of multiply at {{[^ ]*}}:[[# @LINE + 13]]:8, before the rest of it) feeds stablehlo.maximum at {{[^ ]*}}:[[# @LINE + 14]]:11, which is not a linear layer;
-// REPORT: "code": "nonlinear-consumer"
-func.func @relu_partway_through_the_affine_is_refused(%x: tensor<4x2xf32>, %var: tensor<4x1xf32>) -> (tensor<4x3xf32>, tensor<4x2xf32>, tensor<4x2xf32>) {
+// CHECK-LABEL: @relu_partway_through_the_affine_keeps_its_multiply
+// CHECK:         %[[N:.+]] = stablehlo.multiply %{{.+}}, %{{.+}} : tensor<4x2xf32>
+// CHECK:         %[[S:.+]] = stablehlo.multiply %[[N]], %{{.+}} : tensor<4x2xf32>
+// CHECK-NEXT:    %[[R:.+]] = stablehlo.maximum %[[S]], %{{.+}}
+// CHECK-NEXT:    stablehlo.constant dense<{{\[\[}}2.000000e+00, 0.000000e+00, 2.000000e+00], [0.000000e+00, 4.000000e+00, 4.000000e+00]]>
+// CHECK-NEXT:    stablehlo.dot_general %[[N]], %{{.+}}
+// CHECK:         stablehlo.dot_general %[[N]], %{{.+}}
+// CHECK:         return %{{.+}}, %{{.+}}, %[[R]]
+func.func @relu_partway_through_the_affine_keeps_its_multiply(%x: tensor<4x2xf32>, %var: tensor<4x1xf32>) -> (tensor<4x3xf32>, tensor<4x2xf32>, tensor<4x2xf32>) {
   %g = stablehlo.constant dense<[2.0, 4.0]> : tensor<2xf32>
   %b = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
   %z = stablehlo.constant dense<0.0> : tensor<4x2xf32>

@@ -116,6 +116,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 import sys
 import time
 import zlib
@@ -813,10 +814,10 @@ def constant_bytes(text: str) -> int:
 
 
 def _scale_value(note: str) -> float:
-    try:
-        return float(note.split()[0])
-    except (ValueError, IndexError):
-        return float("nan")
+    """The constant of a `scale` fold's note ("0.25 into the kernel of ...", or backward-
+    affine's "a constant scale 0.0333333 (divide by a constant scalar), into ...")."""
+    found = re.search(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?", note)
+    return float(found.group()) if found else float("nan")
 
 
 def classify(entry: dict, report: dict) -> dict:

@@ -543,7 +543,7 @@ def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
         if problem is None:
             return None
         form = factor(value, ir.RankedTensorType(value.type).rank - 1, analysis)
-        if form.factored.is_bare or not form.consumed or not _is_norm(value):
+        if form.factored.is_bare or not form.consumed or not _is_norm(value, analysis):
             return None
         return problem
     axis = feature_axis(value, found)
@@ -557,25 +557,8 @@ def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
         return None
     if problem is not None:
         return problem
-    if (problem := _read_midway(value, form, analysis)) is not None:
-        return problem
     assert axis is not None
     return Match(value, axis, form, tuple(found), _reached(value, analysis))
-
-
-def _read_midway(value: ir.Value, form: Form, analysis: Analysis) -> Refusal | None:
-    """A refusal when an op other than the affine's own next step reads a value partway
-    through it (a relu on `n * g` before `+ b`): that op needs the affine computed."""
-    inside = {value, *form.scaled}
-    for partial in form.scaled:
-        for user in analysis.live_users(partial):
-            if not any(r in inside for r in user.results):
-                owner = defining_op(partial)
-                at = f" at {_where(owner)}" if owner is not None else ""
-                return Refusal(Code.NONLINEAR_CONSUMER, _nonlinear(
-                    user, f"partway through its affine (the result of {_short(owner)}{at}, "
-                          f"before the rest of it) " if owner is not None else ""))
-    return None
 
 
 def refused_form(root: ir.Operation, analysis: Analysis) -> Form:
@@ -588,7 +571,8 @@ def refused_form(root: ir.Operation, analysis: Analysis) -> Form:
 
 
 def _normalizes(value: ir.Value, depth: int = _STATISTICS_DEPTH,
-                statistics: tuple[str, ...] = _STATISTICS) -> bool:
+                statistics: tuple[str, ...] = _STATISTICS,
+                analysis: Analysis | None = None) -> bool:
     """Whether the statistics of a normalization (rsqrt, sqrt, a reduce) are close behind
     the value, without crossing a linear layer: a norm, not a layer's bias or a plain
     affine (which this pattern leaves alone)."""
@@ -603,18 +587,21 @@ def _normalizes(value: ir.Value, depth: int = _STATISTICS_DEPTH,
                 continue
             seen.add(v)
             if owner.name in statistics:
-                return True
+                if analysis is None or any(analysis.constant(o) is None for o in owner.operands):
+                    return True
+                continue  # rsqrt(var + eps) of constants: a batch norm's scale, not a norm's
             if owner.name.startswith("stablehlo."):
                 following.extend(owner.operands)
         frontier = following
     return False
 
 
-def _is_norm(value: ir.Value) -> bool:
-    """Whether `value` is a norm's result, close behind its rsqrt (or sqrt): a norm no
-    linear layer reads, which still gets a decision. Not a reduce: the variance's own
-    `/ n` and `+ eps` are affine steps right after one."""
-    return _normalizes(value, _NORM_DEPTH, ("stablehlo.rsqrt", "stablehlo.sqrt"))
+def _is_norm(value: ir.Value, analysis: Analysis) -> bool:
+    """Whether `value` is a norm's result, close behind its rsqrt (or sqrt) of run-time
+    statistics: a norm no linear layer reads, which still gets a decision. Not a reduce:
+    the variance's own `/ n` and `+ eps` are affine steps right after one. Not an rsqrt
+    of constants: an inference batch norm's chain is backward-affine's to decide."""
+    return _normalizes(value, _NORM_DEPTH, ("stablehlo.rsqrt", "stablehlo.sqrt"), analysis)
 
 
 def plan(m: Match, analysis: Analysis) -> Plan | Refusal:
@@ -863,7 +850,7 @@ def _norm_end(chain: chains.Chain, ctx: Context) -> ir.Operation | None:
                 len(op.results) != 1 or not _float(op.results[0]):
             return None
         value = op.results[0]
-        if not _is_norm(value):
+        if not _is_norm(value, ctx.analysis):
             return None
         if not factor(value, ir.RankedTensorType(value.type).rank - 1,
                       ctx.analysis).factored.is_bare:
