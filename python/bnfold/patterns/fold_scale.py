@@ -46,7 +46,7 @@ gather; each gets a decision: a `Fold` of kind "scale", or a refusal.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -442,53 +442,62 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         return any(_forward_to_scale(result, analysis) for result in call.results)
 
 
-def _back_to_arguments(value: ir.Value, site: CallSite, analysis: Analysis) -> bool:
-    """Whether the walk back from a scaled value inside a helper, through ops with scalar
-    laws, reaches an argument of the helper that comes from an op of the caller (or a
-    producer whose weight is an argument): where the fold needs the caller's IR."""
-    todo: list[ir.Value] = [value]
+def _reaches(start: ir.Value, visit: Callable[[ir.Value], bool | Iterable[ir.Value]]) -> bool:
+    """A depth-first search from `start` over at most MAX_FORWARD values: `visit(value)` is
+    True where the search succeeds, else the values to look at next."""
+    todo: list[ir.Value] = [start]
     seen: set[ir.Value] = set()
     while todo and len(seen) < MAX_FORWARD:
         current = todo.pop()
         if current in seen:
             continue
         seen.add(current)
+        found = visit(current)
+        if found is True:
+            return True
+        if found is not False:
+            todo.extend(found)
+    return False
+
+
+def _back_to_arguments(value: ir.Value, site: CallSite, analysis: Analysis) -> bool:
+    """Whether the walk back from a scaled value inside a helper, through ops with scalar
+    laws, reaches an argument of the helper that comes from an op of the caller (or a
+    producer whose weight is an argument): where the fold needs the caller's IR."""
+    def visit(current: ir.Value) -> bool | Iterable[ir.Value]:
         if current in site.arguments:
             passed = site.argument_value(current)
             owner = defining_op(passed) if passed is not None else None
-            if owner is not None and (owner.name in laws.SCALAR_LAWS or
-                                      owner.name in PRODUCERS or owner.name == "func.call"):
-                return True
-            continue
+            return owner is not None and (owner.name in laws.SCALAR_LAWS or
+                                          owner.name in PRODUCERS or owner.name == "func.call")
         op = defining_op(current)
         if op is None:
-            continue
+            return False
         if op.name == "func.call":
             return True  # a nested helper: the next round looks inside it
         if op.name in PRODUCERS and any(o in site.arguments for o in op.operands):
             return True
         if op.name in laws.SCALAR_LAWS:
-            todo.extend(o for o in op.operands if not analysis.is_constant(o))
-    return False
+            return [o for o in op.operands if not analysis.is_constant(o)]
+        return False
+
+    return _reaches(value, visit)
 
 
 def _forward_to_scale(value: ir.Value, analysis: Analysis) -> bool:
     """Whether `value` (a call's result) reaches a constant scalar scale through ops with
     scalar laws."""
-    todo: list[ir.Value] = [value]
-    seen: set[ir.Value] = set()
-    while todo and len(seen) < MAX_FORWARD:
-        current = todo.pop()
-        if current in seen:
-            continue
-        seen.add(current)
+    def visit(current: ir.Value) -> bool | Iterable[ir.Value]:
+        following: list[ir.Value] = []
         for user in analysis.live_users(current):
             if user.name in ROOT_OPS and (found := _scalar(analysis, user)) is not None and \
                     user.operands[found[0]] == current:
                 return True
             if user.name in laws.SCALAR_LAWS:
-                todo.extend(user.results)
-    return False
+                following.extend(user.results)
+        return following
+
+    return _reaches(value, visit)
 
 
 def _scalar(analysis: Analysis, root: ir.Operation) -> tuple[int, float] | None:
