@@ -74,13 +74,7 @@ def test_attention_scale_moves_into_wq(tag, where):
     assert len(scales) == 1, [s.to_json() for s in report.skipped]
     assert scales[0].producer_op == "stablehlo.dot_general" and "into the kernel" in scales[0].note
 
-    original, output = run_xla(text, [x]), run_xla(folded, [x])
-    check_close(output, original, tag)
-    ref = reference(x.astype(np.float64))
-    before, after = relative_error(original[0], ref), relative_error(output[0], ref)
-    unit = float(ml_dtypes.finfo(npdt).eps) / 2
-    assert before < 50 * unit, before  # the reference computes the same thing
-    assert after <= 1.5 * before + unit, (before, after)
+    _judged(text, folded, x, reference, npdt, tag)
 
 
 def test_flax_multi_head_attention():
@@ -151,13 +145,7 @@ def test_a_transformer_block_folds_both_norms_and_the_scale(tag):
     assert sorted(f.note.split()[2] for f in report.folds if f.kind == "normalization") == \
         ["2", "3"], [f.to_json() for f in report.folds]
     assert [f.kind for f in report.folds].count("scale") == 1
-    original, output = run_xla(text, [x]), run_xla(folded, [x])
-    check_close(output, original, tag)
-    ref = reference(x.astype(np.float64))
-    before, after = relative_error(original[0], ref), relative_error(output[0], ref)
-    unit = float(ml_dtypes.finfo(npdt).eps) / 2
-    assert before < 50 * unit, before
-    assert after <= 1.5 * before + unit, (before, after)
+    _judged(text, folded, x, reference, npdt, tag)
 
 
 # --- a fused QKV projection: q is a slice of one linear's output --------------------------
@@ -220,13 +208,7 @@ def test_a_fused_projection_takes_the_scale_in_q_columns_only(tag, layout, where
     assert len(scales) == (2 if where == "both" else 1), [s.to_json() for s in report.skipped]
     for fold in scales:
         assert f"its {D} of {3 * D} output channels" in fold.note, fold.note
-    original, output = run_xla(text, [x]), run_xla(folded, [x])
-    check_close(output, original, tag)
-    ref = reference(x.astype(np.float64))
-    before, after = relative_error(original[0], ref), relative_error(output[0], ref)
-    unit = float(ml_dtypes.finfo(npdt).eps) / 2
-    assert before < 50 * unit, before
-    assert after <= 1.5 * before + unit, (before, after)
+    _judged(text, folded, x, reference, npdt, tag)
 
 
 def _overlapping(read_all: bool):
@@ -258,3 +240,16 @@ def test_a_fused_projection_whose_q_columns_are_read_elsewhere_is_refused(read_a
     assert ("also read by func.return" if read_all else "stablehlo.slice") in refusals[0].reason, \
         refusals[0].reason
     check_close(run_xla(folded, [x]), run_xla(text, [x]), "f32")
+
+
+def _judged(text: str, folded: str, x: np.ndarray, reference, npdt, tag: str) -> None:
+    """Output against the original on XLA, and both against `reference` in float64: the
+    original within 50 units of roundoff of it (the reference computes the same thing),
+    the output no less accurate than the original (1.5x plus one unit)."""
+    original, output = run_xla(text, [x]), run_xla(folded, [x])
+    check_close(output, original, tag)
+    ref = reference(x.astype(np.float64))
+    before, after = relative_error(original[0], ref), relative_error(output[0], ref)
+    unit = float(ml_dtypes.finfo(npdt).eps) / 2
+    assert before < 50 * unit, before
+    assert after <= 1.5 * before + unit, (before, after)
