@@ -35,8 +35,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -55,8 +54,7 @@ class Precision(enum.Enum):
     NARROWS = "narrows"
 
 
-@dataclass(frozen=True)
-class Interval:
+class Interval(NamedTuple):
     """Per channel, every value of the original lies in [lo, hi] (float64, +-inf: unknown)."""
 
     lo: np.ndarray
@@ -84,8 +82,7 @@ class Interval:
         return Interval(corners.min(axis=0), corners.max(axis=0))
 
 
-@dataclass(frozen=True)
-class Edit:
+class Edit(NamedTuple):
     """Operand `operand` of `op` is a constant that meets a scaled value: it becomes
     `vector / s` per channel along `axis`, rounded once to the type of `meets`."""
 
@@ -96,16 +93,14 @@ class Edit:
     meets: ir.Value  # the scaled value it meets: the new constant takes its type
 
 
-@dataclass(frozen=True)
-class Scaled:
+class Scaled(NamedTuple):
     """The op commutes with the scale: its result's channel axis, and the constants to divide."""
 
     axis: int
     edits: tuple[Edit, ...] = ()
 
 
-@dataclass(frozen=True)
-class Shifted:
+class Shifted(NamedTuple):
     """A per-channel shift t of the operand reaches the result as `t * factor` on `axis`."""
 
     axis: int
@@ -124,8 +119,7 @@ class Env(Protocol):
     def constant(self, value: ir.Value) -> Const | None: ...
 
 
-@dataclass(frozen=True)
-class Normal:
+class Normal(NamedTuple):
     """clip(N(mu, sigma^2), lo, hi) per channel: a folded batch norm's pre-activation
     (N(beta, gamma^2), unbounded) through per-channel affine steps and activations with
     constant bounds (ReLU, ReLU6 as clamp or as max then min). All float64."""
@@ -163,8 +157,7 @@ class Normal:
         return Normal(self.mu, self.sigma, np.clip(self.lo, lo, hi), np.clip(self.hi, lo, hi))
 
 
-@dataclass(frozen=True)
-class Moments:
+class Moments(NamedTuple):
     """Per channel along `axis`: the mean of a value (over inputs and positions), and its
     distribution while it is a clipped normal (`normal`); None once a pool or a sum of two
     branches made it something else (its mean is still known).
@@ -195,8 +188,7 @@ class MeanEnv(Protocol):
     def constant(self, value: ir.Value) -> Const | None: ...
 
 
-@dataclass(frozen=True)
-class Law:
+class Law(NamedTuple):
     """How one op kind commutes with a per-channel scale and shift (see the module doc)."""
 
     summary: str
@@ -591,8 +583,7 @@ def _zero_or_infinite(array: np.ndarray) -> bool:
 # --- pooling: reduce_window and reduce -------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Pool:
+class Pool(NamedTuple):
     """A reduce_window or reduce over non-channel axes, as the laws need it."""
 
     kind: str  # "add", "maximum" or "minimum"
@@ -1093,8 +1084,7 @@ NOT_HOMOGENEOUS = {
 # the original made moves into the weight (docs/precision.md, rule 8).
 
 
-@dataclass(frozen=True)
-class ScalarWay:
+class ScalarWay(NamedTuple):
     """One way a scalar c on the result moves to the operands."""
 
     through: tuple[int, ...] = ()  # operands whose values become c * value
@@ -1118,8 +1108,7 @@ PartLaw = Callable[[ir.Operation, int, Mask], "Mask | Refusal"]
 MAX_MASK = 1 << 22  # elements a mask may expand to (through a reshape or a slice)
 
 
-@dataclass(frozen=True)
-class ScalarLaw:
+class ScalarLaw(NamedTuple):
     summary: str
     ways: Callable[[ir.Operation, ScalarEnv], list[ScalarWay] | Refusal]
     precision: Callable[[ir.Operation], Precision]
@@ -1444,8 +1433,7 @@ def scalar_law_of(op: ir.Operation) -> ScalarLaw | Refusal:
 # b = 0): always true, it only folds less.
 
 
-@dataclass(frozen=True)
-class Factored:
+class Factored(NamedTuple):
     """`n * g + b` per channel (float64 vectors)."""
 
     g: np.ndarray
@@ -1460,8 +1448,7 @@ class Factored:
         return bool(np.all(self.g == 1) and np.all(self.b == 0))
 
 
-@dataclass(frozen=True)
-class Factoring:
+class Factoring(NamedTuple):
     """An op's result as a form, and how its bare value is built: "keep" (operand
     `operand`'s bare value as it is), "negate" (its negation), or "op" (the same op on
     the operands' bare values)."""

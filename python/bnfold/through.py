@@ -13,8 +13,7 @@ and its average over the output positions is the border share of each tap.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -28,8 +27,7 @@ if TYPE_CHECKING:  # imported where a shift meets zero padding (start-up time)
     from bnfold import border
 
 
-@dataclass(frozen=True)
-class Through:
+class Through(NamedTuple):
     """A per-input-channel shift of a producer's activation, as it reaches the output: one
     value per output channel, or a correction that varies near the borders."""
 
@@ -104,8 +102,7 @@ def kernel_f64(kernel: producers.Kernel) -> np.ndarray | Refusal:
     return values
 
 
-@dataclass(frozen=True)
-class BiasAdds:
+class BiasAdds(NamedTuple):
     """The bias adds right after the producer that the new bias merges into."""
 
     ops: tuple[ir.Operation, ...]

@@ -29,8 +29,7 @@ removes them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -53,8 +52,7 @@ if TYPE_CHECKING:
 
 
 
-@dataclass(frozen=True)
-class Source:
+class Source(NamedTuple):
     """What the chain reads: a producer's result, or the result of a region op
     (`stablehlo.case` / `stablehlo.if`, as multi-platform exports emit) whose
     every branch returns a producer's result (the leaves)."""
@@ -67,16 +65,14 @@ class Source:
         return defining_op(self.value) == self.leaves[0]
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(NamedTuple):
     """A chain and the producer(s) its head reads."""
 
     source: Source
     chain: Chain
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """A backward fold, computed in float64, ready to apply."""
 
     source: Source
@@ -377,8 +373,7 @@ def _not_constant(which: str, axis: int, producer: ir.Operation,
     return Refusal(Code.NOT_CONSTANT, f"the {which} (which carries axis {axis}) is not constant")
 
 
-@dataclass(frozen=True)
-class Applied:
+class Applied(NamedTuple):
     """What `apply` built: the op that names the normalization and the folded producers."""
 
     norm: ir.Operation

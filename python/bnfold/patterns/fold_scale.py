@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -80,8 +80,7 @@ _RANK = {Code.SHARED_WEIGHT: 0, Code.PRECISION: 1, Code.RANGE: 1, Code.QUANTIZED
          Code.USERS: 3}
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(NamedTuple):
     """`root` multiplies operand `operand` by the constant scalar `scale` (a divide's
     reciprocal), computed in `compute`."""
 
@@ -91,8 +90,7 @@ class Match:
     compute: np.dtype
 
 
-@dataclass(frozen=True)
-class Edit:
+class Edit(NamedTuple):
     """Operand `operand` of `target` becomes its constant times the scale (`rewrite`);
     `reader` is the op of the walk that reads it (the weight's producer, a bias add)."""
 
@@ -104,8 +102,7 @@ class Edit:
     channels: tuple[int, int] | None = None  # (scaled, all) where only part of it is scaled
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     match: Match
     edits: tuple[Edit, ...]
     crossed: tuple[str, ...]  # the op kinds the scale passed, in walk order
@@ -334,13 +331,12 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         found: list[ir.Operation] = []
 
         def visit(op: ir.Operation) -> ir.WalkResult:
-            if op.operation.name in ROOT_OPS:
+            if op.name in ROOT_OPS:
                 found.append(op.operation)
             return ir.WalkResult.ADVANCE
 
-        for func in ctx.functions():
-            if ROOT_OPS[0] in ctx.body_ops(func) or ROOT_OPS[1] in ctx.body_ops(func):
-                func.walk(visit)
+        for func in ctx.functions():  # one walk: a body_ops check first would walk twice
+            func.walk(visit)
         return found
 
     def match(self, ctx: Context, root: ir.Operation) -> Match | None:

@@ -51,8 +51,7 @@ cleanup.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -78,8 +77,7 @@ if TYPE_CHECKING:
 FORWARD_FOLDS = "forward-affine:folds"
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(NamedTuple):
     """A chain that ends at a producer's activation operand (at every branch's producer,
     when a multi-platform `case` reads the chain's result once per branch)."""
 
@@ -93,8 +91,7 @@ class Match:
     narrowing: Refusal | None = None
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """A forward fold, computed and checked: what `apply` writes."""
 
     match: Match
@@ -217,7 +214,7 @@ def _split_at_narrowing(m: Match, analysis: Analysis) -> Match:
             if composed.stop_reason is None and not np.any(composed.affine.shift):
                 return m
     if not affine.normalizes(before):
-        return replace(m, steps=tuple(after))
+        return m._replace(steps=tuple(after))
     names = [precision.type_name(d) if d is not None else "?" for d in (source, target)]
     reason = Refusal(
         Code.NARROWING,
@@ -225,7 +222,7 @@ def _split_at_narrowing(m: Match, analysis: Analysis) -> Match:
         f"the producer; folded forward, the unnormalized input would be rounded to {names[1]} "
         f"instead (before the mean is removed), so it stays: a rounding stays where the "
         f"original has it")
-    return replace(m, steps=tuple(after), upstream=tuple(before), narrowing=reason)
+    return m._replace(steps=tuple(after), upstream=tuple(before), narrowing=reason)
 
 
 def _zero_pad(producer: ir.Operation, value: ir.Value, analysis: Analysis) -> ir.Operation | None:
@@ -276,12 +273,12 @@ def plan(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
         return first
     others: list[Plan] = []
     for leaf in m.others:
-        other = _plan_one(replace(m, producer=leaf, others=()), analysis,
+        other = _plan_one(m._replace(producer=leaf, others=()), analysis,
                           pad_uniform_shift=pad_uniform_shift)
         if not isinstance(other, Plan):
             return other
         others.append(other)
-    return replace(first, others=tuple(others))
+    return first._replace(others=tuple(others))
 
 
 def _plan_one(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
@@ -289,7 +286,7 @@ def _plan_one(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
     """The fold of `m` into `m.producer`."""
     m = _split_at_narrowing(m, analysis)
     while m.steps and m.steps[0].name in affine.LAYOUT:
-        m = replace(m, steps=m.steps[1:])
+        m = m._replace(steps=m.steps[1:])
     op, steps = m.producer, list(m.steps)
     if not steps:
         return m.narrowing
@@ -467,8 +464,7 @@ def _explicit_pad(value: ir.Value, pad_value: float, low: list[int], high: list[
         return stablehlo.PadOp(value, const.result, low, high, [0] * ty.rank).result
 
 
-@dataclass(frozen=True)
-class Applied:
+class Applied(NamedTuple):
     """What `apply` built: the op that names the normalization and the folded producer
     (and, in a multi-platform export, the other branches' producers)."""
 
@@ -481,7 +477,7 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
     """Builds the folded producer(s) (and merged bias); replaces the root(s)."""
     applied = _build_one(rewriter, p)
     others = tuple(_build_one(rewriter, other).producer for other in p.others)
-    return replace(applied, others=others)
+    return applied._replace(others=others)
 
 
 def _build_one(rewriter: Rewriter, p: Plan) -> Applied:

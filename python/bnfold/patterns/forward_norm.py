@@ -49,8 +49,7 @@ Precision: each kernel is scaled in float64 and rounded once to its type
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -90,8 +89,7 @@ _NORM_DEPTH = 6  # the same for a norm no linear layer reads (its own weight and
 # --- the form of a value: n * g + b ------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Bare:
+class Bare(NamedTuple):
     """How to build a value's bare `n`: `value` itself (op None), or `op` cloned with
     its operands' bare values (`parts`), or the negation of `parts[0]`."""
 
@@ -101,8 +99,7 @@ class Bare:
     negate: bool = False
 
 
-@dataclass(frozen=True)
-class Form:
+class Form(NamedTuple):
     """A value as `bare * g + b` along `axis`; `consumed`: the ops whose constants went
     into g and b (in program order)."""
 
@@ -219,8 +216,7 @@ def _law(op: ir.Operation, v: ir.Value, operands: list[Form | np.ndarray]) -> Fo
 # --- where the value goes ----------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Consumer:
+class Consumer(NamedTuple):
     """A linear layer reading the value through `path` (layout ops, first first)."""
 
     producer: ir.Operation
@@ -502,8 +498,7 @@ def _crosses_narrowing(c: Consumer, shift: np.ndarray) -> Refusal | None:
 # --- match, plan, apply ------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(NamedTuple):
     """A value read by linear layers, whose form has a constant affine."""
 
     value: ir.Value
@@ -513,8 +508,7 @@ class Match:
     reached: frozenset[ir.Value] = frozenset()  # every value on a path to the layers
 
 
-@dataclass(frozen=True)
-class Folded:
+class Folded(NamedTuple):
     """One consumer's new kernel and bias."""
 
     consumer: Consumer
@@ -523,8 +517,7 @@ class Folded:
     out_axis: int
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     match: Match
     folds: tuple[Folded, ...]
     norm: ir.Operation  # the op the decision is recorded under (`norm_op`)
@@ -659,8 +652,7 @@ def plan(m: Match, analysis: Analysis) -> Plan | Refusal:
     return Plan(m, tuple(folds), norm_op(m.form, analysis))
 
 
-@dataclass(frozen=True)
-class Applied:
+class Applied(NamedTuple):
     norm: ir.Operation
     producers: tuple[ir.Operation, ...]
 

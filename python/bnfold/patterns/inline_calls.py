@@ -34,8 +34,7 @@ functions (`--skip-func`) and other calls are untouched.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bnfold import graph
 from bnfold.graph import callee_name, is_private, single_block, symbol_name
@@ -51,8 +50,7 @@ if TYPE_CHECKING:
 MAX_ROUNDS = 8  # helpers calling helpers calling helpers ...
 
 
-@dataclass(frozen=True)
-class Inline:
+class Inline(NamedTuple):
     """A call site and the private single-block function it calls."""
 
     call: ir.Operation
@@ -112,8 +110,7 @@ class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
         drop_uncalled(ctx, set(ctx.ledger.records().records))
 
 
-@dataclass(frozen=True)
-class CallSite:
+class CallSite(NamedTuple):
     """A callee's values as one call site sees them: its arguments are the call's operands
     (which may themselves be arguments of an enclosing call site)."""
 

@@ -22,8 +22,7 @@ After:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bnfold import affine, chains
 from bnfold.ir import ir
@@ -39,8 +38,7 @@ if TYPE_CHECKING:
 
 
 
-@dataclass(frozen=True)
-class Match:
+class Match(NamedTuple):
     """A forward fold's producer and the affine chain after it (its new bias first)."""
 
     fold: Fold
@@ -48,8 +46,7 @@ class Match:
     chain: chains.Chain
 
 
-@dataclass(frozen=True)
-class Merge:
+class Merge(NamedTuple):
     """The backward plan of the chain, and the forward fold it belongs to."""
 
     fold: Fold

@@ -7,8 +7,7 @@ attributes of the ops they stand in for); none changes an existing op.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -25,8 +24,7 @@ if TYPE_CHECKING:
     from bnfold.ledger import Ledger
 
 
-@dataclass(frozen=True)
-class KernelRewrite:
+class KernelRewrite(NamedTuple):
     """A kernel scaled in float64 and rounded once, and where it goes."""
 
     kernel: Kernel
