@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -63,8 +63,7 @@ SCALING = ("stablehlo.multiply", "stablehlo.divide", "stablehlo.negate",
            "stablehlo.batch_norm_inference")
 
 
-@dataclass(frozen=True)
-class Step:
+class Step(NamedTuple):
     """One op of a chain and the index of its activation operand.
 
     `parameter` is set when the other operand is not a constant but a
@@ -249,8 +248,7 @@ def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) ->
     return replace(affine, scale=scale, shift=shift, gamma_beta=affine.gamma_beta + [stats])
 
 
-@dataclass(frozen=True)
-class Composed:
+class Composed(NamedTuple):
     """The longest foldable prefix of a chain and the affine it composes to."""
 
     steps: list[Step]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from bnfold import affine, elements, producers
 from bnfold.affine import Step
@@ -34,8 +34,7 @@ if TYPE_CHECKING:
     from bnfold.rewriter import Handle
 
 
-@dataclass(frozen=True)
-class Chain:
+class Chain(NamedTuple):
     """A maximal run of linked affine steps, head first."""
 
     steps: tuple[Step, ...]

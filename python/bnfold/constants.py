@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,8 +43,7 @@ MAX_MATERIALIZED_ELEMENTS = 1 << 27
 MAX_CALL_DEPTH = 16
 
 
-@dataclass(frozen=True)
-class Const:
+class Const(NamedTuple):
     """A constant value: a compact array and the value's full static shape."""
 
     array: np.ndarray
@@ -56,8 +55,7 @@ class Const:
         return np.broadcast_to(self.array, self.shape)
 
 
-@dataclass(frozen=True)
-class NotConst:
+class NotConst(NamedTuple):
     """Why a value is not a compile-time constant."""
 
     reason: str

@@ -43,8 +43,7 @@ import functools
 import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
@@ -123,8 +122,7 @@ def unit_roundoff(dtype: np.dtype) -> float:
     return 2.0 ** -significand_bits(dtype)
 
 
-@dataclass(frozen=True)
-class Rounded:
+class Rounded(NamedTuple):
     """A scaled kernel rounded to its storage type.
 
     `values` is the full array, or a 0-d array when the result is a splat.

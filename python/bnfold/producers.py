@@ -18,7 +18,7 @@ Forward folding uses the dual facts along the kernel's *input* axis; see
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -32,8 +32,7 @@ from bnfold.refusal import Code, Refusal
 NAMES = ("stablehlo.convolution", "stablehlo.dot_general")
 
 
-@dataclass(frozen=True)
-class KernelAxis:
+class KernelAxis(NamedTuple):
     """The constant operand of a producer and the kernel axis of one result axis."""
 
     operand: int  # operand index of the kernel (1 = rhs for convolution)
@@ -87,8 +86,7 @@ def output_kernel_axis(op: ir.Operation, result_axis: int) -> KernelAxis | Refus
     return KernelAxis(1, rhs_free[result_axis - n_batch - len(lhs_free)])
 
 
-@dataclass(frozen=True)
-class Kernel:
+class Kernel(NamedTuple):
     """A producer's constant operand, as the fold will rewrite it.
 
     `values` is the compact array (see `bnfold.constants`) of the constant
@@ -191,8 +189,7 @@ def axis_factor(scale: np.ndarray, axis: int, rank: int) -> np.ndarray:
 # --- forward folding -----------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class InputScaleMap:
+class InputScaleMap(NamedTuple):
     """How a per-channel scale of the activation maps onto the kernel.
 
     `in_axis` is the kernel axis that reads activation channels and `out_axis`

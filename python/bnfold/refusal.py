@@ -16,8 +16,7 @@ reason ("operand is not constant") can say where it came from
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
-from typing import TypeGuard, TypeVar
+from typing import NamedTuple, TypeGuard, TypeVar
 
 
 class Code(enum.Enum):
@@ -57,8 +56,7 @@ class Code(enum.Enum):
     NORMALIZED = "normalized"  # a normalization would undo the scale, and no weight follows it
 
 
-@dataclass(frozen=True)
-class Refusal:
+class Refusal(NamedTuple):
     """A pattern does not apply here: `code` says why in kind, `message` in words."""
 
     code: Code

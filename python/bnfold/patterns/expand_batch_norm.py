@@ -18,8 +18,7 @@ they are: `(x - bcast(m)) / sqrt(bcast(v) + eps) * bcast(g) + bcast(b)`.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -35,8 +34,7 @@ if TYPE_CHECKING:
 
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(NamedTuple):
     """A batch norm to expand: with its folded scale and shift, or (None) as the spec spells it."""
 
     op: ir.Operation

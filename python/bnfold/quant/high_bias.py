@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -339,7 +339,7 @@ def plan(ctx: Context, found: Roles) -> Plan | Refusal:
                                                                    "a constant absorption changes")):
             return problem
     tail = _TAIL * stats.spread * found.shift_factor
-    magnitudes = replace(kernel, values=np.abs(kernel.values))
+    magnitudes = kernel._replace(values=np.abs(kernel.values))
     spread = shift_through(second, mapping, magnitudes, tail)
     estimate = float(np.max(np.abs(spread.values))) if isinstance(spread, Through) else math.inf
     return Plan(found, c, new_bias, uppers, through, moved, merge.ops if merge else (),
