@@ -27,11 +27,9 @@ from bnfold.patterns.base import Pattern
 from bnfold.refusal import Code, Refusal
 from bnfold.report import Part, Section, columns, missed
 from bnfold.rewriter import Rewriter
-from bnfold.schema import Meta, Option
+from bnfold.schema import switch
 
-OPTIONS = (Option("cancel_negations", False, Meta(
-    "replace negate(negate(x)) by x", flag="--cancel-negations",
-    pass_option="cancel-negations")),)
+OPTIONS = (switch("cancel_negations", "replace negate(negate(x)) by x"),)
 
 
 @dataclass(frozen=True)

@@ -132,6 +132,31 @@ def _terminal_columns() -> int:
         return 80
 
 
+# The files a run writes besides the module (-o): flag, metavar, help. `build_parser`
+# declares them and `_outputs` stages them (all or nothing, never through a symlink's
+# replacement), in this order.
+REPORT_FILES: tuple[tuple[str, str, str], ...] = (
+    ("--report", "FILE.json",
+     "write the fold report (folds and skipped ops with reasons) as "
+     "JSON; '-' is stdout (then give -o a file)"),
+    ("--report-params", "FILE.npz",
+     "save each fold's statistics as <fold id>/<name> arrays: scale, "
+     "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference; "
+     "'-' is stdout"),
+    ("--quant-encodings", "FILE.json",
+     "with --quantize-weights: write each quantized weight's bits, "
+     "scale(s) and zero point as an AIMET-style encodings file, keyed "
+     "by the parameter's name where the weight was bound "
+     "(--bind-params: params/Conv_0/kernel), else by the producer's "
+     "location; param_locations maps each key to that location"),
+    ("--report-overlay", "FILE.json",
+     "write Model Explorer node data: FILE.json for the input graph "
+     "(each normalization op folded, into what, or not, and why) and "
+     "FILE.output.json for the output graph (each producer that absorbed "
+     "folds); load them as node data next to the two modules"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
     patterns = "\n".join(f"  {e.name:20s} {e.description}" for e in REGISTRY)
     passes = "\n".join(f"  {p.name:26s} {p.description}\n  {'':26s} options: "
@@ -162,26 +187,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--target-version", metavar="V",
                         help="StableHLO version for --emit portable, e.g. 1.0.0 "
                              "(default: the current version)")
-    parser.add_argument("--report", metavar="FILE.json",
-                        help="write the fold report (folds and skipped ops with reasons) as "
-                             "JSON; '-' is stdout (then give -o a file)")
+    for flag, metavar, help in REPORT_FILES:
+        parser.add_argument(flag, metavar=metavar, help=help)
     parser.add_argument("--report-format", choices=("json", "text"), default=None,
                         help="with --report: JSON (default) or a human-readable table")
-    parser.add_argument("--report-params", metavar="FILE.npz",
-                        help="save each fold's statistics as <fold id>/<name> arrays: scale, "
-                             "shift, and gamma/beta/mean/variance/epsilon for batch_norm_inference; "
-                             "'-' is stdout")
-    parser.add_argument("--quant-encodings", metavar="FILE.json",
-                        help="with --quantize-weights: write each quantized weight's bits, "
-                             "scale(s) and zero point as an AIMET-style encodings file, keyed "
-                             "by the parameter's name where the weight was bound "
-                             "(--bind-params: params/Conv_0/kernel), else by the producer's "
-                             "location; param_locations maps each key to that location")
-    parser.add_argument("--report-overlay", metavar="FILE.json",
-                        help="write Model Explorer node data: FILE.json for the input graph "
-                             "(each normalization op folded, into what, or not, and why) and "
-                             "FILE.output.json for the output graph (each producer that absorbed "
-                             "folds); load them as node data next to the two modules")
     parser.add_argument("--visualize", action="store_true",
                         help="after writing the outputs, show the input and the folded module "
                              "with the overlay in Model Explorer's local server (needs the "
@@ -588,14 +597,10 @@ def _visualize(args: argparse.Namespace, options: FoldOptions, status: int = 0) 
 def _outputs(args: argparse.Namespace) -> Outputs:
     outputs = Outputs()
     outputs.add("-o", args.output, b"")
-    if args.report:
-        outputs.add("--report", args.report, b"")
-    if args.report_params:
-        outputs.add("--report-params", args.report_params, b"")
-    if args.quant_encodings:
-        outputs.add("--quant-encodings", args.quant_encodings, b"")
+    for flag, _, _ in REPORT_FILES:
+        if path := getattr(args, flag[2:].replace("-", "_")):
+            outputs.add(flag, path, b"")
     if args.report_overlay:
-        outputs.add("--report-overlay", args.report_overlay, b"")
         outputs.add(OVERLAY_OUTPUT, overlay_output_path(args.report_overlay), b"")
     return outputs
 

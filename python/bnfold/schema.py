@@ -1,14 +1,14 @@
 """The options schema's parts: how an option is declared, checked and spelled.
 
-Every option is an `Option(name, default, Meta(...))`. The core's own options
+Every option is an `Option(name, default, Meta(...))`; a boolean one, off by default and
+spelled from its name, is `switch(name, help)`. The core's own options
 (`CORE`: disable, skip_functions, statistics) are declared here; a pattern's
 options are declared with it, in its registry entry (`Entry.options`), and
 `build` makes `FoldOptions`, a frozen dataclass with one field per option (its
 `Meta` in the field's metadata), from a registry:
 
     Entry("equalize", ..., opt_in="equalize", options=(
-        Option("equalize", False, Meta("after folding, equalize ...",
-                                       flag="--equalize", pass_option="equalize")),))
+        switch("equalize", "after folding, equalize ..."),))  # --equalize, equalize
 
 `bnfold.options` turns the fields into `bnfold-opt` flags; `PassSpec` into the
 options of bnfold's passes. Validation runs once, in `FoldOptions.__post_init__`,
@@ -57,6 +57,14 @@ class Option:
     name: str
     default: Any
     meta: Meta
+
+
+def switch(name: str, help: str, **meta: Any) -> Option:
+    """A boolean option, off by default, spelled from its name everywhere:
+    `fold_into_narrow_kernels` is `--fold-into-narrow-kernels` and the pass option
+    `fold-into-narrow-kernels`."""
+    dashed = name.replace("_", "-")
+    return Option(name, False, Meta(help, flag=f"--{dashed}", pass_option=dashed, **meta))
 
 
 CORE_HEAD = (

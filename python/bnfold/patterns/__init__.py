@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bnfold.patterns.base import Stage
-from bnfold.schema import Kind, Meta, Option, OptionsBase, PassSpec, build
+from bnfold.schema import Kind, Meta, Option, OptionsBase, PassSpec, build, switch
 
 if TYPE_CHECKING:
     from bnfold.patterns.base import Pattern
@@ -59,22 +59,20 @@ REGISTRY: tuple[Entry, ...] = (
           "fold a per-channel affine chain (batch_norm_inference or its decomposed spellings) "
           "into the convolution/dot_general before it",
           "bnfold.patterns.backward_affine", Stage.FOLD, options=(
-              Option("fold_into_narrow_kernels", False, Meta(
+              switch("fold_into_narrow_kernels",
                   "fold an affine that the original applies in a wider type than its "
                   "producer's, and whose result stays wide (convert(bf16 dot_general) to f32, "
                   "times a scale, returned in f32), into the narrow kernel anyway: the scaled "
                   "weights are rounded to the kernel's type, which the original never does "
-                  "(docs/precision.md, rule 9; default: refused)",
-                  flag="--fold-into-narrow-kernels", pass_option="fold-into-narrow-kernels")),)),
+                  "(docs/precision.md, rule 9; default: refused)"),)),
     Entry("forward-affine",
           "fold a per-channel affine chain into the convolution/dot_general after it (through "
           "zero padding with an exact border correction)",
           "bnfold.patterns.forward_affine", Stage.FOLD, options=(
-              Option("pad_uniform_shift", False, Meta(
+              switch("pad_uniform_shift",
                   "fold a uniform input shift (Keras Rescaling) through a convolution's zero "
                   "padding with an explicit stablehlo.pad (default: an exact border correction "
-                  "added to the output, which XLA CPU runs faster)",
-                  flag="--pad-uniform-shift", pass_option="pad-uniform-shift")),)),
+                  "added to the output, which XLA CPU runs faster)"),)),
     Entry("forward-norm",
           "fold a normalization's affine (LayerNorm, RMSNorm, Gemma's 1 + w, in every "
           "spelling) into every convolution/dot_general that reads it",
@@ -91,29 +89,26 @@ REGISTRY: tuple[Entry, ...] = (
           "(opt-in: --expand-batch-norm)",
           "bnfold.patterns.expand_batch_norm", Stage.LOWER, opt_in="expand_batch_norm",
           reports="always", options=(
-              Option("expand_batch_norm", False, Meta(
+              switch("expand_batch_norm",
                   "rewrite every batch_norm_inference that did not fold into multiply + add (for "
-                  "the reference interpreter and back ends without a batch-norm op)",
-                  flag="--expand-batch-norm", pass_option="expand-batch-norm")),)),
+                  "the reference interpreter and back ends without a batch-norm op)"),)),
     Entry("equalize",
           "cross-layer equalization of convolution/dot_general pairs and triplets "
           "(opt-in: --equalize)",
           "bnfold.quant.equalize", Stage.QUANTIZE, opt_in="equalize", reports="ran", options=(
-              Option("equalize", False, Meta(
+              switch("equalize",
                   "after folding, equalize the weight ranges of consecutive layers (cross-layer "
                   "equalization, for per-tensor int8 weights; the function is unchanged; ReLU6 "
-                  "becomes a per-channel clamp)",
-                  flag="--equalize", pass_option="equalize", uses_statistics=True)),)),
+                  "becomes a per-channel clamp)", uses_statistics=True),)),
     Entry("absorb-high-bias",
           "move the bias a ReLU passes for every input within 3 sigma into the next layer "
           "(opt-in: --absorb-high-bias)",
           "bnfold.quant.high_bias", Stage.QUANTIZE, opt_in="absorb_high_bias", options=(
-              Option("absorb_high_bias", False, Meta(
+              switch("absorb_high_bias",
                   "with --equalize: move the part of layer 1's bias that the activation passes "
                   "for every input within 3 sigma (beta - 3*gamma of its batch norm) into layer "
-                  "2's bias",
-                  flag="--absorb-high-bias", pass_option="absorb-high-bias", requires="equalize",
-                  uses_statistics=True)),)),
+                  "2's bias", requires="equalize",
+                  uses_statistics=True),)),
     Entry("quantize-weights",
           "store every constant convolution/dot_general weight as signed integers with a "
           "symmetric scale, dequantized in the graph, with analytic bias correction if asked "
@@ -132,12 +127,10 @@ REGISTRY: tuple[Entry, ...] = (
                   kind=Kind.CHOICE, flag="--quantize-granularity",
                   pass_option="quantize-granularity", metavar="G",
                   choices=("per-tensor", "per-channel"), requires="quantize_weights")),
-              Option("bias_correction", False, Meta(
+              switch("bias_correction",
                   "with --quantize-weights: remove the expected output shift (W_q - W) E[x] of "
                   "each quantized layer from its bias, E[x] from the folded batch norms before "
-                  "it (analytic, no data)",
-                  flag="--bias-correction", pass_option="bias-correction",
-                  requires="quantize_weights", uses_statistics=True)))),
+                  "it (analytic, no data)", requires="quantize_weights", uses_statistics=True))),
 )
 
 # The options schema of this registry: the core's options and every entry's.
