@@ -1603,8 +1603,9 @@ def graphs(draw, dtypes: Sequence[str] = DTYPES, min_layers: int = 1, force_step
 # broadcast to all (GQA), a mask `select`, a sum over heads, and the scale (multiply or divide by a
 # constant scalar: a power of two or not). Every op of bnfold.laws.SCALAR_LAWS is here. A fused
 # projection (GPT-2's c_attn, torch's MultiheadAttention in_proj, Swin's qkv) computes q and k
-# with one dot_general: q and k are slices of its output, either of the flat features or of an
-# axis of a [S, 2, heads, head_dim] reshape, so the scale goes into q's (or k's) columns only.
+# with one dot_general (or, with `conv`, one 1-D convolution: a qkv 1x1 convolution): q and k
+# are slices of its output, either of the flat features or of an axis of a [S, 2, heads,
+# head_dim] reshape, so the scale goes into q's (or k's) columns only.
 
 
 @dataclass(frozen=True)
@@ -1745,7 +1746,7 @@ def build_attention(g: AttentionGraph) -> Program:
         b.scopes.append(_Scope("main", [arg]))
         x, inputs = arg, [value.astype(NP_DTYPES[g.dtype])]
     if g.fused:
-        q, k = _fused(b, g, _projection(b, g, x, "wqk", False, parts=2))
+        q, k = _fused(b, g, _projection(b, g, x, "wqk", g.conv, parts=2))
     else:
         q = _projection(b, g, x, "wq", g.conv)
         k = _projection(b, g, x, "wk", False)
