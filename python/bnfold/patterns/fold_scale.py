@@ -207,8 +207,10 @@ class _Walk:
         ways = law.ways(op, analysis)
         if isinstance(ways, Refusal):
             return ways
-        if op.name in PRODUCERS or _bias_add(op, analysis):
-            self.reached = True  # (a bias add's constant may refuse before the layer is seen)
+        if op.name in PRODUCERS or (mask is not None and _bias_add(op, analysis)):
+            # (the bias of a fused projection whose q part takes the scale may refuse before
+            # the layer is seen; a scale on all of a layer's output is backward-affine's)
+            self.reached = True
         if mask is not None:
             if law.part is None:
                 return Refusal(Code.NO_LAW, f"only part of {_name(value)} is scaled (a slice of "
