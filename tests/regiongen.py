@@ -1314,7 +1314,7 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
         weight = b.node("stablehlo.add", [w, one], w.type, w.value + 1.0, axis, mag=w.mag + 1.0)
         v = b.binary("multiply", b.binary("multiply", x, rb), weight, loc)
     b.norms.append(loc)
-    v = _norm_path(b, v, s.variant + s.pick)  # (both range over 0-7: every path is drawn)
+    v = _norm_path(b, v, s.variant + s.pick, shifted=kind in (0, 1, 2))  # (every path is drawn)
     layers = 1 + s.pick % 3
     out: Val | None = None
     for i in range(layers):
@@ -1324,6 +1324,8 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
         out = y if out is None else b.binary("add", out, y)
     if s.flag:
         b.extra_outputs.append(partway if partway is not None and (s.pick // 3) % 2 else v)
+    elif "norm_sum" in b.features:
+        b.features.add("norm_sum_shift")  # a shifted norm's sum, read by its layers only
     b.features.add("norm")
     if layers > 1:
         b.features.add("norm_fan_out")
@@ -1331,21 +1333,31 @@ def step_norm(b: Builder, x: Val, s: Step) -> Val:
     return out
 
 
-def _norm_path(b: Builder, v: Val, pick: int) -> Val:
+# The path kinds `_norm_path` draws from, by `pick` (0-14). Sums and means take half the
+# draws: they are the only steps that change the shift (`m b`), and a wrong count shows only
+# where the norm has one (`norm_sum_shift`): with each kind drawn alike, 12 examples of the
+# `norm_path` stratum missed a planted bug in the sum law (the `norm_sum` stratum has one in
+# every example).
+NORM_PATHS = (0, 1, 2, 3, 4, 5, 6, 2, 3, 2, 3, 2, 3, 3, 2)
+
+
+def _norm_path(b: Builder, v: Val, pick: int, shifted: bool = True) -> Val:
     """What lies between a norm and its layers (bnfold.laws.NORM_PATH_LAWS), on an axis
-    other than the features: 0 nothing; 1 a slice (ViT's CLS token); 2 a mean (reduce +
-    divide: Swin's and ConvNeXt's pooling); 3 a sum; 4 a pad of zero widths (Swin's F.pad
-    when the window divides the map); 5 a real zero pad (refused with a shift: the padded
-    positions would read beta); 6 torch.roll (two slices concatenated back, Swin's
-    shifted windows)."""
+    other than the features (`NORM_PATHS`): 0 nothing; 1 a slice (ViT's CLS token); 2 a
+    mean (reduce + divide: Swin's and ConvNeXt's pooling); 3 a sum; 4 a pad of zero widths
+    (Swin's F.pad when the window divides the map); 5 a real zero pad (refused with a shift:
+    the padded positions would read beta); 6 torch.roll (two slices concatenated back,
+    Swin's shifted windows). `shifted`: the norm has a shift (beta)."""
     axis = v.axis
     assert axis is not None
     other = [d for d in range(len(v.shape)) if d != axis and v.shape[d] >= 2]
-    kind = pick % 7
+    kind = NORM_PATHS[pick % len(NORM_PATHS)]
     if kind == 0 or not other:
         return v
     d = other[pick // 7 % len(other)]
     b.features.add("norm_path")
+    if kind in (2, 3) and shifted:
+        b.features.add("norm_sum")
     if kind == 1:
         limit = list(v.shape)
         limit[d] = (v.shape[d] + 1) // 2
@@ -1591,8 +1603,9 @@ def graphs(draw, dtypes: Sequence[str] = DTYPES, min_layers: int = 1, force_step
 # broadcast to all (GQA), a mask `select`, a sum over heads, and the scale (multiply or divide by a
 # constant scalar: a power of two or not). Every op of bnfold.laws.SCALAR_LAWS is here. A fused
 # projection (GPT-2's c_attn, torch's MultiheadAttention in_proj, Swin's qkv) computes q and k
-# with one dot_general: q and k are slices of its output, either of the flat features or of an
-# axis of a [S, 2, heads, head_dim] reshape, so the scale goes into q's (or k's) columns only.
+# with one dot_general (or, with `conv`, one 1-D convolution: a qkv 1x1 convolution): q and k
+# are slices of its output, either of the flat features or of an axis of a [S, 2, heads,
+# head_dim] reshape, so the scale goes into q's (or k's) columns only.
 
 
 @dataclass(frozen=True)
@@ -1733,7 +1746,7 @@ def build_attention(g: AttentionGraph) -> Program:
         b.scopes.append(_Scope("main", [arg]))
         x, inputs = arg, [value.astype(NP_DTYPES[g.dtype])]
     if g.fused:
-        q, k = _fused(b, g, _projection(b, g, x, "wqk", False, parts=2))
+        q, k = _fused(b, g, _projection(b, g, x, "wqk", g.conv, parts=2))
     else:
         q = _projection(b, g, x, "wq", g.conv)
         k = _projection(b, g, x, "wk", False)

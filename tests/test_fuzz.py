@@ -149,6 +149,9 @@ STRATA: dict[str, tuple[dict, str | None]] = {
     # A norm's value sliced, pooled (sum or mean) or padded on another axis before its
     # layers (bnfold.laws.NORM_PATH_LAWS).
     "norm_path": ({"force_steps": ("norm",)}, "norm_path"),
+    # A shifted norm summed or averaged over another axis before its layers, which alone
+    # read it: the shift reaches them times the count (`m b`); a wrong count shows only here.
+    "norm_sum": ({"force_steps": ("norm",)}, "norm_sum_shift"),
 }
 # Attention logits q k^T scaled by 1/sqrt(d) (regiongen's "attention" step) are surveyed
 # with `--force-steps attention`; not a CI stratum yet: the quantize_pc `integers` oracle

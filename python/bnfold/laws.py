@@ -1367,6 +1367,21 @@ def _dot_part(op: ir.Operation, index: int, mask: Mask) -> Mask | Refusal:
     return picked.reshape(shape)
 
 
+def _conv_part(op: ir.Operation, index: int, mask: Mask) -> Mask | Refusal:
+    """Part of a convolution's output features (q's of a fused QKV 1x1 convolution): the
+    kernel's same output features; the part must not vary along the batch or spatial axes,
+    and no one factor of the input gives it."""
+    dims = attributes.conv_dims(op)
+    out = dims.output_feature_dimension
+    if index != 1 or any(mask.shape[a] > 1 for a in range(mask.ndim) if a != out):
+        return Refusal(Code.NOT_HOMOGENEOUS, f"only part of {_short(op)}'s result is scaled, "
+                                             "and the part is not a set of its output features "
+                                             "that its kernel could take")
+    shape = [1] * len(_shape(op.operands[1]))
+    shape[dims.kernel_output_feature_dimension] = mask.shape[out]
+    return mask.reshape(shape)
+
+
 _MOVES = "moves values only: exact"
 
 SCALAR_LAWS: dict[str, ScalarLaw] = {
@@ -1404,7 +1419,7 @@ SCALAR_LAWS: dict[str, ScalarLaw] = {
                                        "or through the other; of two values, through either "
                                        "(q k^T: into q)", _bilinear, _rounds, part=_dot_part),
     "stablehlo.convolution": ScalarLaw("c conv(x, K) = conv(x, c K) = conv(c x, K)", _bilinear,
-                                       _rounds),
+                                       _rounds, part=_conv_part),
     "stablehlo.reduce": ScalarLaw("c sum(x) = sum(c x) with init 0; rounds the same sum",
                                   _sum_ways, _rounds),
 }

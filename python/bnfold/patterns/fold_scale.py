@@ -168,6 +168,8 @@ class _Walk:
         if dtype is None or not elements.is_float(ty.element_type):  # type: ignore[union-attr]
             return Refusal(Code.NOT_FLOAT, f"{_name(value)} is not a static float tensor")
         if precision.is_narrower(dtype, self.match.compute) and not self.exact_in(dtype):
+            if _unowned(defining_op(value), self.ctx.analysis):
+                self.reached = True  # no other pattern decides this scale: it gets ours
             return _narrower(value, dtype, self.match.compute)
         if abs(self.match.scale) > 1 and dtype == np.float16 and \
                 value != self.match.root.operands[self.match.operand]:
@@ -202,7 +204,9 @@ class _Walk:
         ways = law.ways(op, analysis)
         if isinstance(ways, Refusal):
             return ways
-        if op.name in PRODUCERS:
+        if op.name in PRODUCERS or (mask is not None and _bias_add(op, analysis)):
+            # (the bias of a fused projection whose q part takes the scale may refuse before
+            # the layer is seen; a scale on all of a layer's output is backward-affine's)
             self.reached = True
         if mask is not None:
             if law.part is None:
@@ -560,6 +564,12 @@ def _best(refusals: list[tuple[Refusal, int]]) -> Refusal:
     ends at an argument (k passed in: an input, or an unbound parameter), the fan-out is
     the obstacle, and the argument is mentioned after it."""
     best, depth = min(refusals, key=lambda r: _RANK.get(r[0].code, 9))
+    if best.code is Code.USERS:
+        # scaling all of a fused projection's output is stopped by its K and V slices; the
+        # way that scales only q's part got further, and its obstacle is the one to name
+        deeper = [(r, d) for r, d in refusals if d > depth and r.code not in _ARGUMENT]
+        if deeper:
+            return max(deeper, key=lambda r: r[1])[0]
     if best.code not in _ARGUMENT:
         return best
     further = [(r, d) for r, d in refusals if r.code is Code.USERS and d > depth]
@@ -624,6 +634,24 @@ def _role(reader: ir.Operation, way: laws.ScalarWay | None) -> str:
     if way is not None and not way.terminal:
         return "the constant"
     return "the constant factor"
+
+
+def _bias_add(op: ir.Operation, analysis: Analysis) -> bool:
+    """Whether `op` adds a constant to a linear layer's result (its bias)."""
+    if op.name not in ("stablehlo.add", "stablehlo.subtract"):
+        return False
+    owners = [defining_op(v) for v in op.operands]
+    return any(o is not None and o.name in PRODUCERS for o in owners) and \
+        any(analysis.constant(v) is not None for v in op.operands)
+
+
+def _unowned(op: ir.Operation | None, analysis: Analysis) -> bool:
+    """Whether `op` is a gather or a product of two run-time values (`q k^T`): a scale
+    of its narrower result (`convert(q k^T) * c`, rule 8) is no backward fold's to refuse."""
+    if op is None or op.name not in PRODUCERS:
+        return False
+    return op.name == "stablehlo.gather" or \
+        all(analysis.constant(v) is None for v in op.operands[:2])
 
 
 def _narrower(value: ir.Value, dtype: np.dtype, compute: np.dtype) -> Refusal:

@@ -440,7 +440,7 @@ def trace(path: tuple[ir.Operation, ...], axis: int | None, layer: ir.Operation,
                       for name in ("edge_padding_low", "edge_padding_high", "interior_padding")]
             if any(w[axis] != 0 for w in widths):
                 return cut(op, "pads the feature axis")
-            if any(x != 0 for w in widths for x in w):
+            if any(x > 0 for w in widths for x in w):  # (negative widths only crop: a slice)
                 const = analysis.constant(op.operands[1])
                 if const is None or np.any(np.asarray(const.array, dtype=np.float64) != 0):
                     return cut(op, "pads with a value other than a constant zero")
