@@ -204,7 +204,7 @@ def llama(*, layers: int = 2, dtype: str = "f32", model: int = 32, heads: int = 
     return _export(f, jax.ShapeDtypeStruct((seq, model), dt)), 3 * layers + 1
 
 
-def gemma_block(*, dtype: str = "f32", tied: bool = True, model: int = 32, vocab: int = 64,
+def gemma_block(*, dtype: str = "f32", tied: bool = True, model: int = 32, vocab: int = 48,
                 seq: int = 8, seed: int = 1) -> str:
     """Gemma's scaled embedding with a tied head, as HF computes it: `table[ids] *
     sqrt(model)` in the model's type, an RMSNorm `(1 + w)` (statistics and weight in f32,
