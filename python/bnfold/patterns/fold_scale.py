@@ -54,7 +54,7 @@ import numpy as np
 
 from bnfold import elements, laws, precision, producers
 from bnfold.constants import argument_refusal, is_function_argument
-from bnfold.graph import as_operation, defining_op, function_name
+from bnfold.graph import as_operation, defining_op, function_name, users
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, ops_within
@@ -446,10 +446,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         for edits in by_target.values():
             target = edits[0].target
             if edits[0].operand < 0:  # the weight itself, for every reader (a tied table)
-                with ir.InsertionPoint(target):
-                    value = edits[0].rewrite.build(target.location)
-                rewriter.replace_op(target, [value], successor=as_operation(value.owner))
-                weights.append(edits[0].reader)
+                weights.append(_rebuild_readers(rewriter, edits[0]))
                 continue
             with ir.InsertionPoint(target):
                 values = {e.operand: e.rewrite.build(target.location) for e in edits}
@@ -505,6 +502,22 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         if not (ctx.body_ops(callee) & {*PRODUCERS, "func.call"}):
             return False  # nothing in it a scale could go into
         return any(_forward_to_scale(result, analysis) for result in call.results)
+
+
+def _rebuild_readers(rewriter: Rewriter, edit: Edit) -> ir.Operation:
+    """The new weight, and each op reading the old one cloned to read it (new ops: nothing
+    derived from the old weight's readers stays cached); the clone of `edit.reader`."""
+    target, old = edit.target, edit.target.results[0]
+    with ir.InsertionPoint(target):
+        value = edit.rewrite.build(target.location)
+    found = edit.reader
+    readers = list(dict.fromkeys(u for u in users(old) if not rewriter.is_replaced(u)))
+    for user in readers:
+        copy = rewriter.clone(user, {i: value for i, o in enumerate(user.operands) if o == old})
+        rewriter.replace_op(user, list(copy.results), successor=copy)
+        if user == edit.reader:
+            found = copy
+    return found
 
 
 def _search(ctx: Context, match: Match,
