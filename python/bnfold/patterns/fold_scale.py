@@ -28,10 +28,23 @@ Every value the walk scales must have no live user outside the walk (a value oth
 ops read unscaled would change), so RoPE's q, read by both halves, may fan out while
 a residual stream may not. Where the walk has choices (a bilinear op's operands; a
 constant factor or the value beyond it), it tries them in order and takes the first
-region that closes. A weight also read elsewhere (an embedding table tied to the LM
-head) is never copied: the scale is refused with `shared-weight` and the cost of the
-copy in bytes, unless another way exists (a soft-cap's `1 / cap` goes into the final
-norm's weight through the tied head).
+region that closes. A weight also read elsewhere is never copied: the scale is refused
+with `shared-weight` and the cost of the copy in bytes, unless another way exists (a
+soft-cap's `1 / cap` goes into the final norm's weight through the tied head). An
+embedding table tied to the LM head stays one table (docs/precision.md, rule 10): c goes
+into the table for every reader, and 1 / c into each head's input by the same walk
+(Gemma's final norm weight `(1 + w) / c`). Before:
+
+    %e = "stablehlo.gather"(%table, %ids) ...
+    %h = stablehlo.multiply %e, %c                 // sqrt(hidden)
+    %n = stablehlo.multiply %r, %fw                // the final norm's 1 + w
+    %t = stablehlo.transpose %table, dims = [1, 0]
+    %l = stablehlo.dot_general %n, %t ...          // the tied LM head
+
+After (`%table_c` = c T, `%fw_c` = (1 + w) / c): `%h` is `gather(%table_c, %ids)`, `%n`
+multiplies by `%fw_c` and the head reads `transpose(%table_c)`. Refused in bf16 for a
+scale that is not a power of two (the head's weights would round once more: measured
+less accurate).
 
 The precision contract (docs/precision.md, rule 8): the scale never moves into a type narrower
 than where the original applied it; a power-of-two scale is exact, another rounds once
@@ -261,11 +274,11 @@ class _Walk:
             return "the table is not a constant op"
         heads: list[tuple[ir.Operation, int]] = []
         for user in others:
-            head, kernel = _read_as(user, value, analysis)
+            head, read = _read_as(user, value, analysis)
             if head.name != "stablehlo.dot_general" or self.handle(head) in self.region or \
-                    list(head.operands).count(kernel) != 1:
+                    list(head.operands).count(read) != 1:
                 return f"{head.name} also reads it, not as a linear layer's weight"
-            heads.append((head, 1 - list(head.operands).index(kernel)))
+            heads.append((head, 1 - list(head.operands).index(read)))
         dtype = elements.float_dtype(value)
         if dtype is None:
             return "it is not a static float tensor"

@@ -24,7 +24,10 @@ back through elementwise ops, so gamma may sit anywhere a law moves it from:
 multiplied into the `rsqrt` factor before that meets `x - mean` (Flax,
 Keras), on both terms of Keras' `x * inv + (beta - mean * inv)`, after a
 convert to the weight's type (Hugging Face), or as `1 + w` (Gemma). The bare
-`n` is rebuilt from the same ops with the constants left out.
+`n` is rebuilt from the same ops with the constants left out. The norm's input
+times a constant scalar that the statistics (and the residual) read too, Gemma's
+`embed * sqrt(hidden)`, is not part of the affine: its multiply would run on for
+those readers; fold-scale decides it (into the embedding table).
 
 Between the value and each linear layer there may be reshapes, transposes and
 float converts (fanning out), and the steps of `bnfold.laws.NORM_PATH_LAWS`
