@@ -293,17 +293,20 @@ class _Walk:
         root = self.handle(self.match.root)
         edits: list[Edit] = []
         crossed: list[str] = []
+        region, scaled = set(self.region), set(self.scaled)  # taken (by each head in turn)
+        closed: list[_Walk] = []
+
+        def apart(walk: _Walk) -> Refusal | None:
+            if root in walk.region or walk.region & region or set(walk.scaled) & scaled:
+                return Refusal(Code.USERS, "the LM head's input is the scaled value (or "
+                                           "another head's) itself")
+            closed.append(walk)
+            return None
+
         for head, act in heads:
             compute = elements.float_dtype(head.operands[act])
             if compute is None:
                 return "the LM head's input is not a float tensor"
-
-            def apart(walk: _Walk) -> Refusal | None:
-                if root in walk.region or walk.region & self.region or \
-                        set(walk.scaled) & set(self.scaled):
-                    return Refusal(Code.USERS, "the LM head reads the scaled value itself")
-                return None
-
             found = _search(ctx, Match(head, act, 1.0 / self.match.scale, compute), apart)
             if found is None:
                 return "no constant factor before the LM head takes 1 / scale"
@@ -311,6 +314,8 @@ class _Walk:
                 return f"1 / scale before the LM head: {found.message}"
             edits += [replace(e, inverse=True) for e in found.edits]
             crossed += found.crossed
+            region.update(closed[-1].region)
+            scaled.update(closed[-1].scaled)
         kernel = producers.kernel(value, dtype, analysis.evaluator, "gather")
         if isinstance(kernel, Refusal):
             return kernel.message
