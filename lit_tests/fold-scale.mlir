@@ -280,3 +280,61 @@ func.func @integer_layer_keeps_its_scale(%x: tensor<4x8xi8>) -> tensor<4x8xf32> 
   %r = stablehlo.multiply %f, %c : tensor<4x8xf32>
   return %r : tensor<4x8xf32>
 }
+
+// -----
+
+// A table tied to the LM head stays one table (rule 10): the embedding scale 4 goes
+// into it for the gather and the head alike (0.5 * 4 = 2), and 1/4 into the weight of
+// the layer before the head (2 / 4 = 0.5), so the head computes what it did. The
+// multiply is gone and no second table is written.
+
+// CHECK-LABEL: @tied_table_keeps_one_table
+// CHECK:         %[[T:.+]] = stablehlo.constant dense<2.000000e+00> : tensor<10x4xf32>
+// CHECK-NEXT:    %[[G:.+]] = "stablehlo.gather"(%[[T]]
+// CHECK-NEXT:    %[[A:.+]] = stablehlo.tanh %[[G]]
+// CHECK-NEXT:    %[[W:.+]] = stablehlo.constant dense<5.000000e-01> : tensor<4x4xf32>
+// CHECK-NEXT:    %[[N:.+]] = stablehlo.dot_general %[[A]], %[[W]]
+// CHECK-NEXT:    %[[TT:.+]] = stablehlo.transpose %[[T]], dims = [1, 0]
+// CHECK-NEXT:    %[[L:.+]] = stablehlo.dot_general %[[N]], %[[TT]]
+// CHECK-NEXT:    return %[[G]], %[[L]]
+// CHECK-NOT:     stablehlo.constant {{.*}} : tensor<10x4xf32>
+func.func @tied_table_keeps_one_table(%ids: tensor<3x1xi32>) -> (tensor<3x4xf32>, tensor<3x10xf32>) {
+  %t = stablehlo.constant dense<0.5> : tensor<10x4xf32>
+  %g = "stablehlo.gather"(%t, %ids) {dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, 4>} : (tensor<10x4xf32>, tensor<3x1xi32>) -> tensor<3x4xf32>
+  %c = stablehlo.constant dense<4.0> : tensor<3x4xf32>
+  %h = stablehlo.multiply %g, %c : tensor<3x4xf32>
+  %a = stablehlo.tanh %h : tensor<3x4xf32>
+  %w = stablehlo.constant dense<2.0> : tensor<4x4xf32>
+  %n = stablehlo.dot_general %a, %w, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x4xf32>) -> tensor<3x4xf32>
+  %tt = stablehlo.transpose %t, dims = [1, 0] : (tensor<10x4xf32>) -> tensor<4x10xf32>
+  %l = stablehlo.dot_general %n, %tt, contracting_dims = [1] x [0] : (tensor<3x4xf32>, tensor<4x10xf32>) -> tensor<3x10xf32>
+  return %h, %l : tensor<3x4xf32>, tensor<3x10xf32>
+}
+
+// -----
+
+// The same in bf16 with a scale that is not a power of two (3): one table would make
+// the head read round(3 T) / 3 instead of T, a rounding the original never made
+// (measured: less accurate, rule 10), and a copy is not made: the multiply stays
+// (`shared-weight`, naming the copy's bytes and the precision reason).
+
+// CHECK-LABEL: @tied_bf16_table_keeps_the_scale
+// CHECK:         %[[T:.+]] = stablehlo.constant dense<5.000000e-01> : tensor<10x4xbf16>
+// CHECK-NEXT:    %[[G:.+]] = "stablehlo.gather"(%[[T]]
+// CHECK-NEXT:    %[[C:.+]] = stablehlo.constant dense<3.000000e+00> : tensor<3x4xbf16>
+// CHECK-NEXT:    %[[H:.+]] = stablehlo.multiply %[[G]], %[[C]]
+// CHECK:         stablehlo.constant dense<2.000000e+00> : tensor<4x4xbf16>
+// CHECK:         stablehlo.transpose %[[T]], dims = [1, 0]
+// CHECK-NOT:     stablehlo.constant {{.*}} : tensor<10x4xbf16>
+func.func @tied_bf16_table_keeps_the_scale(%ids: tensor<3x1xi32>) -> (tensor<3x4xbf16>, tensor<3x10xbf16>) {
+  %t = stablehlo.constant dense<0.5> : tensor<10x4xbf16>
+  %g = "stablehlo.gather"(%t, %ids) {dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, 4>} : (tensor<10x4xbf16>, tensor<3x1xi32>) -> tensor<3x4xbf16>
+  %c = stablehlo.constant dense<3.0> : tensor<3x4xbf16>
+  %h = stablehlo.multiply %g, %c : tensor<3x4xbf16>
+  %a = stablehlo.tanh %h : tensor<3x4xbf16>
+  %w = stablehlo.constant dense<2.0> : tensor<4x4xbf16>
+  %n = stablehlo.dot_general %a, %w, contracting_dims = [1] x [0] : (tensor<3x4xbf16>, tensor<4x4xbf16>) -> tensor<3x4xbf16>
+  %tt = stablehlo.transpose %t, dims = [1, 0] : (tensor<10x4xbf16>) -> tensor<4x10xbf16>
+  %l = stablehlo.dot_general %n, %tt, contracting_dims = [1] x [0] : (tensor<3x4xbf16>, tensor<4x10xbf16>) -> tensor<3x10xbf16>
+  return %h, %l : tensor<3x4xbf16>, tensor<3x10xbf16>
+}

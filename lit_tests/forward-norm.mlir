@@ -432,3 +432,45 @@ func.func @relu_partway_through_the_affine_keeps_its_multiply(%x: tensor<4x2xf32
   %k = stablehlo.dot_general %v, %w2, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x2xf32>) -> tensor<4x2xf32>
   return %q, %k, %relu : tensor<4x3xf32>, tensor<4x2xf32>, tensor<4x2xf32>
 }
+
+// -----
+
+// Gemma's embedding scale: `table[ids] * 4` is the norm's input, also read by the
+// statistics and the residual (returned). It is not part of the norm's affine (its
+// multiply would still run for those readers): the layers take only 1 + w = [2, 4],
+// and fold-scale puts the 4 into the table (its own decision); the multiply is gone.
+
+// CHECK-LABEL: @gemma_embedding_scale_goes_into_the_table
+// CHECK:         %[[T:.+]] = stablehlo.constant dense<{{\[\[}}4.000000e+00, 8.000000e+00], [1.200000e+01, 1.600000e+01], [2.000000e+01, 2.400000e+01], [2.800000e+01, 3.200000e+01]]> : tensor<4x2xf32>
+// CHECK-NEXT:    %[[H:.+]] = "stablehlo.gather"(%[[T]]
+// CHECK-NEXT:    stablehlo.multiply %[[H]], %[[H]]
+// CHECK:         %[[N:.+]] = stablehlo.multiply %[[H]], %{{.+}} : tensor<4x2xf32>
+// CHECK-NEXT:    %[[W1:.+]] = stablehlo.constant dense<{{\[\[}}2.000000e+00, 0.000000e+00, 2.000000e+00], [0.000000e+00, 4.000000e+00, 4.000000e+00]]> : tensor<2x3xf32>
+// CHECK-NEXT:    %[[Q:.+]] = stablehlo.dot_general %[[N]], %[[W1]]
+// CHECK:         return %[[Q]], %{{.+}}, %[[H]]
+func.func @gemma_embedding_scale_goes_into_the_table(%ids: tensor<4x1xi32>) -> (tensor<4x3xf32>, tensor<4x2xf32>, tensor<4x2xf32>) {
+  %t = stablehlo.constant dense<[[1.0, 2.0], [3.0, 4.0], [5.0, 6.0], [7.0, 8.0]]> : tensor<4x2xf32>
+  %e = "stablehlo.gather"(%t, %ids) {dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, 2>} : (tensor<4x2xf32>, tensor<4x1xi32>) -> tensor<4x2xf32>
+  %c = stablehlo.constant dense<4.0> : tensor<4x2xf32>
+  %h = stablehlo.multiply %e, %c : tensor<4x2xf32>
+  %sq = stablehlo.multiply %h, %h : tensor<4x2xf32>
+  %zero = stablehlo.constant dense<0.0> : tensor<f32>
+  %sum = stablehlo.reduce(%sq init: %zero) applies stablehlo.add across dimensions = [1] : (tensor<4x2xf32>, tensor<f32>) -> tensor<4xf32>
+  %half = stablehlo.constant dense<0.5> : tensor<4xf32>
+  %ms = stablehlo.multiply %sum, %half : tensor<4xf32>
+  %eps = stablehlo.constant dense<1.0e-6> : tensor<4xf32>
+  %mse = stablehlo.add %ms, %eps : tensor<4xf32>
+  %r = stablehlo.rsqrt %mse : tensor<4xf32>
+  %rb = stablehlo.broadcast_in_dim %r, dims = [0] : (tensor<4xf32>) -> tensor<4x2xf32>
+  %n = stablehlo.multiply %h, %rb : tensor<4x2xf32>
+  %w = stablehlo.constant dense<[1.0, 3.0]> : tensor<2xf32>
+  %one = stablehlo.constant dense<1.0> : tensor<2xf32>
+  %w1p = stablehlo.add %w, %one : tensor<2xf32>
+  %wb = stablehlo.broadcast_in_dim %w1p, dims = [1] : (tensor<2xf32>) -> tensor<4x2xf32>
+  %s = stablehlo.multiply %n, %wb : tensor<4x2xf32>
+  %w1 = stablehlo.constant dense<[[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]]> : tensor<2x3xf32>
+  %w2 = stablehlo.constant dense<[[1.0, 1.0], [1.0, -1.0]]> : tensor<2x2xf32>
+  %q = stablehlo.dot_general %s, %w1, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x3xf32>) -> tensor<4x3xf32>
+  %k = stablehlo.dot_general %s, %w2, contracting_dims = [1] x [0] : (tensor<4x2xf32>, tensor<2x2xf32>) -> tensor<4x2xf32>
+  return %q, %k, %h : tensor<4x3xf32>, tensor<4x2xf32>, tensor<4x2xf32>
+}

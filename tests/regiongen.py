@@ -1632,6 +1632,8 @@ class AttentionGraph:
     seed: int
     fused: int = 0  # 0: q and k projected apart; 1: slices of one projection's features;
     # 2: slices of axis 1 of its [S, 2, heads, head_dim] reshape
+    tied: bool = False  # with `embed`: an LM head reads the table too, after an RMSNorm
+    # of the scaled embedding (Gemma's tied head: one table, 1/c into the norm's weight)
 
 
 ATTENTION_OPS = ("stablehlo.gather", "stablehlo.dot_general", "stablehlo.convolution",
@@ -1783,12 +1785,30 @@ def build_attention(g: AttentionGraph) -> Program:
         out = b.binary("divide", scores, b.like(scores, 1 / c, per_channel=False), "scale0")
     else:
         out = b.binary("multiply", scores, b.like(scores, c, per_channel=False), "scale0")
+    outs = [out]
+    if g.embed and g.tied:
+        outs.append(_tied_head(b, x, table))
     scope = b.scopes.pop()
     b.features.add("attention_scale")
-    main = Func("main", [arg], scope.nodes, [out], private=False)
+    main = Func("main", [arg], scope.nodes, outs, private=False)
     scales = ["escale", "scale0"] if g.embed else ["scale0"]
-    return Program([main], inputs, [out.value], [out.mag], scales, [], True,
-                   b.features | b.dtypes, [out.dtype], set(b.dtypes))
+    return Program([main], inputs, [o.value for o in outs], [o.mag for o in outs], scales, [],
+                   True, b.features | b.dtypes, [o.dtype for o in outs], set(b.dtypes))
+
+
+def _tied_head(b: Builder, x: Val, table: Val) -> Val:
+    """logits = (rms_norm(x) W) @ table^T: the LM head reads the embedding's own table, its
+    input a linear layer's output (1/c goes into W; a norm weight right before the head
+    would be forward-affine's, copying the table first)."""
+    zero = b.constant(0.0, x.dtype)
+    total = b.reduce(b.binary("multiply", x, x), zero, "stablehlo.add", [1])
+    inv = b.unary("rsqrt", b.binary("add", total, b.like(total, 1e-3, per_channel=False)))
+    normed = b.binary("multiply", x, b.broadcast(inv, [0], x.shape, None))
+    w = _fit(b.rng.standard_normal((x.shape[1], x.shape[1])) / math.sqrt(x.shape[1]),
+             lambda k: k, x.dtype)
+    hidden = b.dot(normed, b.constant(w, x.dtype, "head_w", kernel=True), 1, 0, False, "head_in")
+    b.features.add("tied_table")
+    return b.dot(hidden, b.transpose(table, [1, 0]), 1, 0, False, "head")
 
 
 @st.composite
@@ -1804,4 +1824,4 @@ def attention_graphs(draw, dtypes: Sequence[str] = DTYPES) -> AttentionGraph:
                           temperature=draw(st.booleans()), gqa=draw(st.booleans()),
                           swap=draw(st.booleans()),
                           seed=draw(st.integers(0, 2**32 - 1)),
-                          fused=draw(st.integers(0, 2)))
+                          fused=draw(st.integers(0, 2)), tied=draw(st.booleans()))

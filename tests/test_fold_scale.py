@@ -101,19 +101,39 @@ def _shared(text: str) -> str:
     return str(module)
 
 
+def _tables(text: str, vocab: int, model: int, dtype: str) -> int:
+    """How many constants of the table's shape the module holds."""
+    return sum(1 for line in text.splitlines()
+               if "stablehlo.constant" in line and f": tensor<{vocab}x{model}x{dtype}>" in line)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_a_tied_table_is_not_copied_and_the_soft_cap_goes_into_the_final_norm(dtype):
+    """With the head still tied when fold-scale runs (the final norm's folds off), the
+    soft-cap's 1/cap goes into the final norm's weight; the embedding scale c goes into
+    the one table, for the gather and the head, and 1/c into the final norm's weight as
+    well, in f32 (rule 10); in bf16 that would round the head's weights once more, so it
+    stays, refused as `shared-weight` with the copy's bytes and the precision reason."""
     text = _shared(tj.gemma(tied=True, dtype=dtype)[0])
     out = bnfold.fold_source(text, options=bnfold.FoldOptions(
         disable=frozenset({"backward-affine", "forward-affine"})))
-    fold, = folded_scales(out.report)
-    assert fold.producer_op == "stablehlo.multiply" and "dot_general" in fold.note, fold.note
-    assert fold.params["scale"] == pytest.approx(1 / 30, rel=1e-2)
-    shared, = [s for s in out.report.skipped if s.code == Code.SHARED_WEIGHT.value]
-    assert "tied" in shared.reason and "5120 bytes" in shared.reason.replace(
-        "2560 bytes", "5120 bytes"), shared.reason
-    assert shared.op_name == "stablehlo.multiply"
-    judged(text, out.serialize().decode(), dtype)
+    produced = out.serialize().decode()
+    folds = folded_scales(out.report)
+    cap, = [f for f in folds if "table" not in f.note]
+    assert cap.producer_op == "stablehlo.multiply" and "dot_general" in cap.note, cap.note
+    assert cap.params["scale"] == pytest.approx(1 / 30, rel=1e-2)
+    assert _tables(produced, 40, 32, dtype) == _tables(text, 40, 32, dtype) == 1
+    if dtype == "f32":
+        embedding, = [f for f in folds if "table" in f.note]
+        assert "one table" in embedding.note and "1/5.65685 into the constant factor" in \
+            embedding.note, embedding.note
+        assert not [s for s in out.report.skipped if s.code == Code.SHARED_WEIGHT.value]
+    else:
+        shared, = [s for s in out.report.skipped if s.code == Code.SHARED_WEIGHT.value]
+        assert "tied" in shared.reason and "2560 bytes" in shared.reason and \
+            "rule 10" in shared.reason, shared.reason
+        assert shared.op_name == "stablehlo.multiply"
+    judged(text, produced, dtype)
 
 
 def _precision_module() -> str:
@@ -288,8 +308,8 @@ def test_scales_and_norms_inside_helpers_called_twice_fold_per_call_site(where, 
 def test_an_embedding_scale_walks_through_a_take_with_a_nan_fill(tied):
     """`jnp.take(table, ids, mode="fill")` (torchax's embedding: gather, then a select with
     NaN for out-of-range ids) times sqrt(hidden): c * NaN = NaN, so the fill is left as it
-    is and the scale goes into the table; a table the LM head also reads is refused
-    (`shared-weight`, with the copy's size)."""
+    is and the scale goes into the table; a table the LM head also reads stays one table,
+    scaled for both, with 1/c in the kernel of the layer before the head."""
     jax = pytest.importorskip("jax")
     jnp = jax.numpy
     rng = np.random.default_rng(11)
@@ -306,11 +326,10 @@ def test_an_embedding_scale_walks_through_a_take_with_a_nan_fill(tied):
     assert "0x7FC00000" in text  # the NaN fill is there
     folded, report = bnfold.fold_text(text)
     scales = [f for f in report.folds if f.kind == "scale"]
-    if tied:
-        assert not scales
-        refusal = [s for s in report.skipped if s.code == "shared-weight"]
-        assert refusal and f"({16 * 8 * 4} bytes)" in refusal[0].reason, \
-            [s.to_json() for s in report.skipped]
+    if tied:  # one table, scaled for the gather and the head; 1/c into w (rule 10)
+        assert len(scales) == 1 and "one table" in scales[0].note and \
+            "1/3.11127 into the kernel of" in scales[0].note, scales[0].note
+        assert _tables(folded, 16, 8, "f32") == 1
     else:
         assert len(scales) == 1 and "into the table of" in scales[0].note, \
             [s.to_json() for s in report.skipped]
@@ -555,3 +574,67 @@ func.func @main(%x: tensor<1x4xf16>) -> tensor<1x2xf16> {{
     flushed = (x.astype(np.float64)[0, 1:] @ w.astype(np.float64)[1:, 0]) * 3.33333e-2
     assert abs(got - exact) < 0.02 * abs(exact) < abs(flushed - exact), (got, exact, flushed)
     judged(text, folded, "f16", seeds=3)
+
+
+def _embedding_decisions(report: bnfold.Report, c: float) -> tuple[list, list]:
+    """The folds and refusals of the embedding scale `c`."""
+    folds = [f for f in report.folds if f.kind == "scale" and
+             float(f.params["scale"].reshape(-1)[0]) == pytest.approx(c, rel=1e-2)]
+    refusals = [s for s in report.skipped if s.reason.startswith(f"the scale {str(c)[:4]}")]
+    return folds, refusals
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_the_gemma_embedding_scale_gets_its_own_decision(dtype, tied):
+    """Gemma's `table[ids] * sqrt(d)` is read by the first norm's statistics, its `x *
+    rsqrt(...)` and the residual: the norm's layers take only its `1 + w` (not c (1 + w):
+    the multiply would still run for the others), and the scale gets one decision of its
+    own, a fold into the table (the head's copy of a tied table is the final norm's fold,
+    made before), so the multiply is gone. Judged on XLA and against float64."""
+    model = 32
+    c = math.sqrt(model)
+    text = _shared(tj.gemma_block(dtype=dtype, tied=tied, model=model, vocab=48))
+    out = bnfold.fold_source(text)
+    produced = out.serialize().decode()
+    folds, refusals = _embedding_decisions(out.report, c)
+    assert len(folds) == 1 and not refusals, out.report.table()
+    assert "into the table of" in folds[0].note, folds[0].note
+    scale = "5.65685415" if dtype == "f32" else "5.656250e+00"
+    assert scale in text and scale not in produced  # the multiply is gone
+    vocab = 48  # gemma_block's weights, drawn in its order: the first norm's w is the 5th
+    nw = np.asarray(tj._weights(1, np.float32, (vocab, model), (model, vocab),
+                                (model, 2 * model), (2 * model, model), (model,))[4])
+    first, = [f for f in out.report.folds if f.kind != "scale" and
+              np.allclose(f.params["scale"], 1 + nw, rtol=1e-2)]  # 1 + w, not c (1 + w)
+    assert not [f for f in out.report.folds if f.kind != "scale" and
+                np.allclose(f.params["scale"], c * (1 + nw), rtol=1e-2)], first
+    judged(text, produced, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_a_tied_gemma_table_stays_one_table(dtype):
+    """The head still tied when fold-scale runs (forward-affine off, so the final norm
+    keeps its `1 + w`): in f32 the scale goes into the one table and 1/c into the final
+    norm's weight, and no copy is written (rule 10: measured no less accurate); in bf16
+    the head would read the table rounded once more (measured: less accurate), so the
+    multiply stays, refused `shared-weight` with the copy's bytes and the reason."""
+    model, vocab = 32, 48
+    c = math.sqrt(model)
+    text = _shared(tj.gemma_block(dtype=dtype, tied=True, model=model, vocab=vocab))
+    out = bnfold.fold_source(text, options=bnfold.FoldOptions(
+        disable=frozenset({"forward-affine"})))
+    produced = out.serialize().decode()
+    folds, refusals = _embedding_decisions(out.report, c)
+    assert _tables(text, vocab, model, dtype) == _tables(produced, vocab, model, dtype) == 1
+    if dtype == "f32":
+        assert len(folds) == 1 and not refusals, out.report.table()
+        assert "one table" in folds[0].note and \
+            f"1/{c:.6g} into the constant factor of" in folds[0].note, folds[0].note
+        assert "5.65685415" not in produced
+    else:
+        assert not folds and len(refusals) == 1, out.report.table()
+        assert refusals[0].code == Code.SHARED_WEIGHT.value and \
+            f"({vocab * model * 2} bytes)" in refusals[0].reason and \
+            "rule 10" in refusals[0].reason, refusals[0].reason
+    judged(text, produced, dtype, seeds=3)

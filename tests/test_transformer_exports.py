@@ -8,8 +8,8 @@ locations). The manifest says, from the model definition, how many norm affines 
 constant scales each has, and ("bnfold_min", written by `--measure --record`) how many of
 them bnfold folded when the files were made: a floor, so a change that folds fewer fails
 here. Judged on XLA CPU: the folded module against the original (the tolerance of the
-model's type) and against the original evaluated in float64 (no less accurate: 1.5x plus
-one ulp, as tests/test_fold_scale.py). Needs no torch: only the committed files.
+model's type) and against the original evaluated in float64 (no less accurate: the worst
+error over a few seeded inputs within 1.5x the original's worst plus one ulp). Needs no torch: only the committed files.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "testdata" / "transformers"
 ENTRIES = json.loads((DATA / "manifest.json").read_text())
 EPS = {"f32": float(np.finfo(np.float32).eps), "bf16": 2.0 ** -7}
+DRAWS = 4  # seeded inputs each export is judged on
 
 
 @cache
@@ -79,10 +80,16 @@ def test_norms_and_scales_fold_and_keep_the_numerics(entry):
     assert got["norms_total"] == entry["norms"]
     assert got["norms_folded"] >= floor["norms"], got["misses"]
     assert got["scales_folded"] >= floor["scales"], got["misses"]
-    n = tool().numerics(text, out, entry)
-    assert n["difference"] <= n["tolerance"], n
-    assert "original_error" in n, n.get("float64")
-    assert n["output_error"] <= 1.5 * n["original_error"] + EPS[entry["dtype"]], n
+    # Judged on DRAWS seeded inputs, the worst error of each against the other (as
+    # docs/precision.md measures): one draw alone varies by ~2x at f32's last bits, where
+    # XLA CPU fuses the original's ops differently from the folded ones.
+    runs = [tool().numerics(text, out, {**entry, "model": entry["model"] + f"/{i}" * (i > 0)})
+            for i in range(DRAWS)]
+    for n in runs:
+        assert n["difference"] <= n["tolerance"], n
+        assert "original_error" in n, n.get("float64")
+    worst = max(n["output_error"] for n in runs)
+    assert worst <= 1.5 * max(n["original_error"] for n in runs) + EPS[entry["dtype"]], runs
 
 
 def test_the_floor_catches_a_pattern_that_stops_folding():

@@ -202,3 +202,25 @@ def llama(*, layers: int = 2, dtype: str = "f32", model: int = 32, heads: int = 
         return rms_norm(x, fn + 1) @ head
 
     return _export(f, jax.ShapeDtypeStruct((seq, model), dt)), 3 * layers + 1
+
+
+def gemma_block(*, dtype: str = "f32", tied: bool = True, model: int = 32, vocab: int = 48,
+                seq: int = 8, seed: int = 1) -> str:
+    """Gemma's scaled embedding with a tied head, as HF computes it: `table[ids] *
+    sqrt(model)` in the model's type, an RMSNorm `(1 + w)` (statistics and weight in f32,
+    the result back in the model's type) read by a linear layer, a residual MLP, the final
+    norm, and the LM head (the table itself when `tied`)."""
+    dt = DTYPES[dtype]
+    table, head, w1, w2, nw, fw = _weights(seed, dt, (vocab, model), (model, vocab),
+                                           (model, 2 * model), (2 * model, model), (model,),
+                                           (model,))
+
+    def norm(x, w):
+        return rms_norm(x.astype(jnp.float32), w.astype(jnp.float32), gemma=True).astype(dt)
+
+    def lm(ids):
+        h = table[ids] * jnp.asarray(math.sqrt(model), dt)
+        h = h + jax.nn.relu(norm(h, nw) @ w1) @ w2
+        return norm(h, fw) @ (table.T if tied else head)
+
+    return _export(lm, jax.ShapeDtypeStruct((seq,), jnp.int32))

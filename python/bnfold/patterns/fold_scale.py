@@ -28,10 +28,23 @@ Every value the walk scales must have no live user outside the walk (a value oth
 ops read unscaled would change), so RoPE's q, read by both halves, may fan out while
 a residual stream may not. Where the walk has choices (a bilinear op's operands; a
 constant factor or the value beyond it), it tries them in order and takes the first
-region that closes. A weight also read elsewhere (an embedding table tied to the LM
-head) is never copied: the scale is refused with `shared-weight` and the cost of the
-copy in bytes, unless another way exists (a soft-cap's `1 / cap` goes into the final
-norm's weight through the tied head).
+region that closes. A weight also read elsewhere is never copied: the scale is refused
+with `shared-weight` and the cost of the copy in bytes, unless another way exists (a
+soft-cap's `1 / cap` goes into the final norm's weight through the tied head). An
+embedding table tied to the LM head stays one table (docs/precision.md, rule 10): c goes
+into the table for every reader, and 1 / c into each head's input by the same walk
+(Gemma's final norm weight `(1 + w) / c`). Before:
+
+    %e = "stablehlo.gather"(%table, %ids) ...
+    %h = stablehlo.multiply %e, %c                 // sqrt(hidden)
+    %n = stablehlo.multiply %r, %fw                // the final norm's 1 + w
+    %t = stablehlo.transpose %table, dims = [1, 0]
+    %l = stablehlo.dot_general %n, %t ...          // the tied LM head
+
+After (`%table_c` = c T, `%fw_c` = (1 + w) / c): `%h` is `gather(%table_c, %ids)`, `%n`
+multiplies by `%fw_c` and the head reads `transpose(%table_c)`. Refused in bf16 for a
+scale that is not a power of two (the head's weights would round once more: measured
+less accurate).
 
 The precision contract (docs/precision.md, rule 8): the scale never moves into a type narrower
 than where the original applied it; a power-of-two scale is exact, another rounds once
@@ -54,7 +67,7 @@ import numpy as np
 
 from bnfold import elements, laws, precision, producers
 from bnfold.constants import argument_refusal, is_function_argument
-from bnfold.graph import as_operation, defining_op, function_name
+from bnfold.graph import as_operation, defining_op, function_name, users
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, ops_within
@@ -100,6 +113,8 @@ class Edit(NamedTuple):
     reader: ir.Operation
     terminal: bool
     channels: tuple[int, int] | None = None  # (scaled, all) where only part of it is scaled
+    inverse: bool = False  # takes 1 / scale (the LM head's side of a tied table)
+    # operand -1: `target` is the weight's own op, replaced for every reader (a tied table)
 
 
 class Plan(NamedTuple):
@@ -246,6 +261,73 @@ class _Walk:
         return math.frexp(abs(self.match.scale))[0] == 0.5 and \
             precision.same_exponent_range(self.match.compute, dtype)
 
+    def keep_one_table(self, gather: ir.Operation, value: ir.Value,
+                       others: list[ir.Operation]) -> str | None:
+        """A table tied to the LM head (`value`, also read by `others`, each leading
+        through layout ops to a dot_general's weight): scale the one table by c for every
+        reader and give each head's input 1 / c where a constant factor takes it (the
+        final norm's weight: `(1 + w) / c`), so the head computes what it did and the
+        table is not copied (docs/precision.md, rule 10). None when done (edits added),
+        else why not."""
+        ctx, analysis = self.ctx, self.ctx.analysis
+        owner = defining_op(value)
+        if owner is None or self.handle(owner) in self.region:
+            return "the table is not a constant op"
+        heads: list[tuple[ir.Operation, int]] = []
+        for user in others:
+            head, read = _read_as(user, value, analysis)
+            if head.name != "stablehlo.dot_general" or self.handle(head) in self.region or \
+                    list(head.operands).count(read) != 1:
+                return f"{head.name} also reads it, not as a linear layer's weight"
+            heads.append((head, 1 - list(head.operands).index(read)))
+        dtype = elements.float_dtype(value)
+        if dtype is None:
+            return "it is not a static float tensor"
+        if precision.is_narrower(dtype, np.dtype(np.float32)) and \
+                math.frexp(abs(self.match.scale))[0] != 0.5:
+            # measured (rule 10): the head reading round(c T) / c instead of T errs a
+            # median 1.23x the original in bf16, where f32 stays at 0.98x
+            return (f"precision: the LM head would read the {precision.type_name(dtype)} "
+                    f"table rounded once more, scaled by {self.match.scale:.6g} (not a power "
+                    f"of two), where the original reads it as it is: docs/precision.md, rule "
+                    f"10")
+        root = self.handle(self.match.root)
+        edits: list[Edit] = []
+        crossed: list[str] = []
+        region, scaled = set(self.region), set(self.scaled)  # taken (by each head in turn)
+        closed: list[_Walk] = []
+
+        def apart(walk: _Walk) -> Refusal | None:
+            if root in walk.region or walk.region & region or set(walk.scaled) & scaled:
+                return Refusal(Code.USERS, "the LM head's input is the scaled value (or "
+                                           "another head's) itself")
+            closed.append(walk)
+            return None
+
+        for head, act in heads:
+            compute = elements.float_dtype(head.operands[act])
+            if compute is None:
+                return "the LM head's input is not a float tensor"
+            found = _search(ctx, Match(head, act, 1.0 / self.match.scale, compute), apart)
+            if found is None:
+                return "no constant factor before the LM head takes 1 / scale"
+            if isinstance(found, Refusal):
+                return f"1 / scale before the LM head: {found.message}"
+            edits += [e._replace(inverse=True) for e in found.edits]
+            crossed += found.crossed
+            region.update(closed[-1].region)
+            scaled.update(closed[-1].scaled)
+        kernel = producers.kernel(value, dtype, analysis.evaluator, "gather")
+        if isinstance(kernel, Refusal):
+            return kernel.message
+        rewrite = plan_kernel(kernel, np.asarray(self.match.scale, dtype=np.float64), 0)
+        if isinstance(rewrite, Refusal):
+            return rewrite.message
+        self.edits.append(Edit(owner, -1, rewrite, gather, True))
+        self.edits += edits
+        self.crossed += crossed
+        return None
+
     def forward(self, op: ir.Operation) -> bool:
         """Whether `op`'s result reaches the scale through ops with a scalar law only."""
         start = self.handle(op)
@@ -294,6 +376,11 @@ class _Walk:
             target, operand, value = owner, 0, owner.operands[0]
         others = [u for u in analysis.live_users(value) if u != target]
         role = _role(reader, way)
+        kept = None
+        if others and way.terminal and mask is None and reader.name == "stablehlo.gather":
+            kept = self.keep_one_table(reader, value, others)
+            if kept is None:
+                return None
         if others and way.terminal:
             ty = elements.tensor_type(value)
             size = math.prod(ty.shape) * np.dtype(elements.numpy_dtype(ty.element_type)).itemsize \
@@ -304,7 +391,9 @@ class _Walk:
             return Refusal(Code.SHARED_WEIGHT,
                            f"it would go into {role} of {reader.name}, but {what} "
                            f"{', '.join(r.name for r in readers)}; folding would copy it "
-                           f"({size} bytes). Left as is: untie the weight to fold it")
+                           f"({size} bytes)" + (f", and one table cannot take it ({kept})"
+                                                if kept else "") +
+                           ". Left as is: untie the weight to fold it")
         factor = 1.0 / self.match.scale if way.inverse else self.match.scale
         if not way.terminal and _unchanged(analysis, value, factor):
             return None  # c * NaN = NaN, c * 0 = 0: a take's out-of-range fill stays as it is
@@ -360,29 +449,12 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         return Match(root, operand, scale, _rounded_in(ctx, root, dtype))
 
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal | None:
-        policy: dict[Handle, int] = {}
-        reaches: dict[Handle, bool] = {}
-        refusals: list[tuple[Refusal, int]] = []  # each way's refusal, and how far it got
-        reached = False
-        for _ in range(MAX_ATTEMPTS):
-            walk = _Walk(ctx, match, policy, reaches)
-            result = walk.run()
-            reached = reached or walk.reached
-            if not refused(result):
-                return result
-            refusals.append((result, len(walk.crossed)))
-            while walk.trail:
-                key, count = walk.trail.pop()
-                following = policy.get(key, 0) + 1
-                if following < count:
-                    policy[key] = following
-                    break
-                policy.pop(key, None)
-            else:
-                break
-        if not reached:
+        found = _search(ctx, match)
+        if found is None:
             return None  # no weight behind it: not a scale bnfold could fold
-        return _best(refusals).wrap(f"the scale {match.scale:.6g} ({match.root.name})")
+        if isinstance(found, Refusal):
+            return found.wrap(f"the scale {match.scale:.6g} ({match.root.name})")
+        return found
 
     def apply(self, rewriter: Rewriter, plan: Plan) -> list[ir.Operation]:
         by_target: dict[Handle, list[Edit]] = {}
@@ -391,6 +463,9 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         weights: list[ir.Operation] = []
         for edits in by_target.values():
             target = edits[0].target
+            if edits[0].operand < 0:  # the weight itself, for every reader (a tied table)
+                weights.append(_rebuild_readers(rewriter, edits[0]))
+                continue
             with ir.InsertionPoint(target):
                 values = {e.operand: e.rewrite.build(target.location) for e in edits}
                 new = rewriter.clone(target, values)
@@ -408,7 +483,12 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         into = ", ".join(f"{_role(e.reader, None)} of {ledger.location(e.reader)}" +
                          (f" (its {e.channels[0]} of {e.channels[1]} output channels that the "
                           "slice reads)" if e.channels else "")
-                         for e in weights)
+                         for e in weights if not e.inverse)
+        tied = [e for e in weights if e.inverse]
+        if tied:  # a table tied to the LM head: one table, the head's input takes 1 / scale
+            into += " (tied to the LM head: one table, scaled for every reader), and " \
+                f"1/{match.scale:.6g} into " + ", ".join(
+                    f"{_role(e.reader, None)} of {ledger.location(e.reader)}" for e in tied)
         biases = sum(1 for e in plan.edits if not e.terminal)
         note = f"{match.scale:.6g} into {into}" + (f" (and {biases} bias(es))" if biases else "") + \
             (f", through {', '.join(dict.fromkeys(plan.crossed))}" if plan.crossed else "")
@@ -440,6 +520,69 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         if not (ctx.body_ops(callee) & {*PRODUCERS, "func.call"}):
             return False  # nothing in it a scale could go into
         return any(_forward_to_scale(result, analysis) for result in call.results)
+
+
+def _rebuild_readers(rewriter: Rewriter, edit: Edit) -> ir.Operation:
+    """The new weight, and each op reading the old one cloned to read it (new ops: nothing
+    derived from the old weight's readers stays cached); the clone of `edit.reader`."""
+    target, old = edit.target, edit.target.results[0]
+    with ir.InsertionPoint(target):
+        value = edit.rewrite.build(target.location)
+    found = edit.reader
+    readers = list(dict.fromkeys(u for u in users(old) if not rewriter.is_replaced(u)))
+    for user in readers:
+        copy = rewriter.clone(user, {i: value for i, o in enumerate(user.operands) if o == old})
+        rewriter.replace_op(user, list(copy.results), successor=copy)
+        if user == edit.reader:
+            found = copy
+    return found
+
+
+def _search(ctx: Context, match: Match,
+            accept: Callable[[_Walk], Refusal | None] | None = None) -> Plan | Refusal | None:
+    """The first region that closes, trying each choice of ways in turn (at most
+    MAX_ATTEMPTS); `accept` may refuse a closed one. The refusal that tells most when none
+    closes; None when no way reached a weight."""
+    policy: dict[Handle, int] = {}
+    reaches: dict[Handle, bool] = {}
+    refusals: list[tuple[Refusal, int]] = []  # each way's refusal, and how far it got
+    reached = False
+    for _ in range(MAX_ATTEMPTS):
+        walk = _Walk(ctx, match, policy, reaches)
+        result = walk.run()
+        reached = reached or walk.reached
+        if not refused(result) and accept is not None:
+            result = accept(walk) or result
+        if not refused(result):
+            return result
+        refusals.append((result, len(walk.crossed)))
+        while walk.trail:
+            key, count = walk.trail.pop()
+            following = policy.get(key, 0) + 1
+            if following < count:
+                policy[key] = following
+                break
+            policy.pop(key, None)
+        else:
+            break
+    if not reached:
+        return None
+    return _best(refusals)
+
+
+def _read_as(user: ir.Operation, value: ir.Value, analysis: Analysis
+             ) -> tuple[ir.Operation, ir.Value]:
+    """The op that reads `value` through `user` and the layout ops after it (a transposed
+    tied table: the LM head's dot_general), and the operand it reads it as."""
+    read = value
+    for _ in range(8):
+        if user.name not in PEEL:
+            break
+        found = analysis.sole_live_user(user.results[0])
+        if found is None:
+            break
+        read, user = user.results[0], found
+    return user, read
 
 
 def _reaches(start: ir.Value, visit: Callable[[ir.Value], bool | Iterable[ir.Value]]) -> bool:

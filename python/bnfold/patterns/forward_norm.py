@@ -24,7 +24,10 @@ back through elementwise ops, so gamma may sit anywhere a law moves it from:
 multiplied into the `rsqrt` factor before that meets `x - mean` (Flax,
 Keras), on both terms of Keras' `x * inv + (beta - mean * inv)`, after a
 convert to the weight's type (Hugging Face), or as `1 + w` (Gemma). The bare
-`n` is rebuilt from the same ops with the constants left out.
+`n` is rebuilt from the same ops with the constants left out. The norm's input
+times a constant scalar that the statistics (and the residual) read too, Gemma's
+`embed * sqrt(hidden)`, is not part of the affine: its multiply would run on for
+those readers; fold-scale decides it (into the embedding table).
 
 Between the value and each linear layer there may be reshapes, transposes and
 float converts (fanning out), and the steps of `bnfold.laws.NORM_PATH_LAWS`
@@ -128,13 +131,42 @@ def factor(value: ir.Value, axis: int, analysis: Analysis) -> Form:
         owner = defining_op(v)
         found = Form(laws.Factored.bare(channels), Bare(v), ())
         if owner is not None and owner.name in _ELEMENTWISE and depth < _MAX_DEPTH and \
-                owner.block == block and list(ir.RankedTensorType(v.type).shape) == shape:
+                owner.block == block and list(ir.RankedTensorType(v.type).shape) == shape and \
+                not (depth and _input_scale(v, owner, analysis)):
             found = _factor_op(owner, v, axis, analysis,
                                lambda u: visit(u, depth + 1)) or found
         memo[v] = found
         return found
 
     return visit(value, 0)
+
+
+def _input_scale(v: ir.Value, owner: ir.Operation, analysis: Analysis) -> bool:
+    """Whether `v` is a norm's input times a constant scalar that the statistics read too
+    (Gemma's `embed * sqrt(d)`, also read by the residual): not part of the affine. Taking
+    it would leave its multiply running for the other readers while the report counted it
+    folded; it is fold-scale's to decide (into the embedding table)."""
+    if owner.name not in ("stablehlo.multiply", "stablehlo.divide") or \
+            len(analysis.live_users(v)) < 2:
+        return False
+    constants = [_scalar(o, analysis) for o in owner.operands]
+    if owner.name == "stablehlo.divide":
+        constants[0] = None  # c / x is not a scale of x
+    if sum(c is not None for c in constants) != 1:
+        return False
+    frontier, seen = [v], {v}
+    for _ in range(_STATISTICS_DEPTH):  # the statistics: a reduce a few steps on
+        following: list[ir.Value] = []
+        for value in frontier:
+            for user in analysis.live_users(value):
+                if user.name == "stablehlo.reduce":
+                    return True
+                if user.name in _ELEMENTWISE or user.name in _LAYOUT or \
+                        user.name == "stablehlo.power":
+                    following += [r for r in user.results if r not in seen]
+                    seen.update(user.results)
+        frontier = following
+    return False
 
 
 def _factor_op(op: ir.Operation, v: ir.Value, axis: int, analysis: Analysis,
