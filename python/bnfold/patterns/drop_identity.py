@@ -1,0 +1,155 @@
+"""drop-identity: remove a multiply by exactly 1 and an add of exactly 0.
+
+torchax writes `a + b` as `a + b * 1` (aten::add.Tensor's `alpha`), and other
+exporters leave `x * 1.0`, `x / 1.0`, `x + 0.0`, `x - 0.0` behind. Each is exact
+(`x * 1` and `x / 1` are x for every x, NaN and -0 included; `x + 0` and `x - 0`
+are x up to the sign of a zero, which compares equal and which XLA's algebraic
+simplifier drops the same way), so the op goes and its reader reads x. Before:
+
+    %one = stablehlo.constant dense<1.000000e+00> : tensor<f32>
+    %ob = stablehlo.broadcast_in_dim %one, dims = [] : (tensor<f32>) -> tensor<1x16x96xf32>
+    %m = stablehlo.multiply %b, %ob : tensor<1x16x96xf32>
+    %r = stablehlo.add %a, %m : tensor<1x16x96xf32>
+
+After:
+
+    %r = stablehlo.add %a, %b : tensor<1x16x96xf32>
+
+It runs before the folds, so none of them counts it as an affine of its own (it
+used to fold backward into the linear layer before it, rewriting that kernel
+to the same values) and a refusal names the real consumer (the residual `add`,
+not the `* 1` before it). The report lists each removed op apart from the
+folds (`"identities"`, kind `identity`); the fold count leaves them out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from bnfold.graph import defining_op, function_name
+from bnfold.ir import ir
+from bnfold.patterns.base import Pattern
+from bnfold.report import Part, Section, block_of, columns
+
+if TYPE_CHECKING:
+    from bnfold.driver import Context
+    from bnfold.rewriter import Rewriter
+
+# op -> (the neutral constant, the operand positions it may take)
+_NEUTRAL = {"stablehlo.multiply": (1.0, (0, 1)), "stablehlo.divide": (1.0, (1,)),
+            "stablehlo.add": (0.0, (0, 1)), "stablehlo.subtract": (0.0, (1,))}
+# What may stand between the neutral constant and the op (a splat, broadcast, converted).
+_CONSTANT_OPS = frozenset({"stablehlo.constant", "stablehlo.broadcast_in_dim",
+                           "stablehlo.reshape", "stablehlo.convert"})
+_SYMBOL = {"stablehlo.multiply": "* 1", "stablehlo.divide": "/ 1", "stablehlo.add": "+ 0",
+           "stablehlo.subtract": "- 0"}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """An op that computes its input unchanged, and the input its readers take instead."""
+
+    op: ir.Operation
+    keep: ir.Value
+
+
+@dataclass
+class Removed:
+    """One removed identity op, for the report."""
+
+    op: str  # its location
+    op_name: str
+    function: str
+    kind: str = "identity"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"op": self.op, "op_name": self.op_name, "kind": self.kind,
+                "function": self.function, "block": block_of(self.op, self.function)}
+
+
+class Identities(Section):
+    """`"identities": [{"op", "op_name", "kind": "identity", ...}]`: the ops removed as exact
+    identities; not folds (the fold count and the `folds` list leave them out)."""
+
+    order = 25
+
+    def attributes(self, part: Part) -> dict[str, Any]:
+        return {"identities": part.records}
+
+    def to_json(self, part: Part) -> dict[str, Any]:
+        return {"identities": [r.to_json() for r in part.records]}
+
+    def table(self, part: Part) -> list[str]:
+        if not part.records:
+            return []
+        rows = [("identity", "op", "op name")]
+        rows += [(str(i), r.op, r.op_name) for i, r in enumerate(part.records, 1)]
+        return columns(rows)
+
+    def summary(self, part: Part) -> str:
+        if not part.records:
+            return ""
+        by = {}
+        for r in part.records:
+            by[r.op_name] = by.get(r.op_name, 0) + 1
+        what = ", ".join(f"{n} x {_SYMBOL[name]}" for name, n in by.items())
+        return f", removed {len(part.records)} identity op(s) ({what}; not folds)"
+
+
+RECORDS = Identities()
+
+
+def _operations(block: ir.Block) -> Iterator[ir.Operation]:
+    for view in block.operations:
+        op = view.operation
+        yield op
+        for region in op.regions:
+            for inner in region.blocks:
+                yield from _operations(inner)
+
+
+def _is_splat(value: ir.Value, neutral: float, ctx: Context) -> bool:
+    """Whether `value` is a constant whose every element equals `neutral` (checked only
+    where a constant is made right there: no evaluation of other subgraphs)."""
+    owner = defining_op(value)
+    if owner is None or owner.name not in _CONSTANT_OPS:
+        return False
+    found = ctx.analysis.constant(value)
+    return found is not None and found.array.size > 0 and bool(np.all(found.array == neutral))
+
+
+class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
+    """Removes every `x * 1`, `x / 1`, `x + 0`, `x - 0`."""
+
+    def roots(self, ctx: Context) -> Iterable[ir.Operation]:
+        for func in ctx.functions():
+            for region in func.regions:
+                for block in region.blocks:
+                    yield from [op for op in _operations(block) if op.name in _NEUTRAL]
+
+    def match(self, ctx: Context, root: ir.Operation) -> Identity | None:
+        neutral, positions = _NEUTRAL[root.name]
+        result_type = root.results[0].type
+        for index in positions:
+            keep = root.operands[1 - index]
+            if keep.type == result_type and _is_splat(root.operands[index], neutral, ctx):
+                return Identity(root, keep)
+        return None
+
+    def plan(self, ctx: Context, match: Identity) -> Identity:
+        return match
+
+    def apply(self, rewriter: Rewriter, plan: Identity) -> Identity:
+        rewriter.replace_op(plan.op, [plan.keep])
+        return plan
+
+    def record(self, ctx: Context, plan: Identity, applied: Identity) -> None:
+        ctx.ledger.add(Removed(ctx.ledger.location(plan.op), plan.op.name,
+                               function_name(plan.op)))
+
+
+PATTERN = DropIdentity()
