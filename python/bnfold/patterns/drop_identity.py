@@ -84,16 +84,25 @@ class Identities(Section):
         return {"identities": [r.to_json() for r in part.records]}
 
     def table(self, part: Part) -> list[str]:
+        """How many were removed, by block and spelling (the JSON report lists each one):
+
+            identities removed  block                   count
+            x * 1               model.layers.0          6
+        """
         if not part.records:
             return []
-        rows = [("identity", "op", "op name")]
-        rows += [(str(i), r.op, r.op_name) for i, r in enumerate(part.records, 1)]
+        counts: dict[tuple[str, str], int] = {}
+        for r in part.records:
+            key = (f"x {_SYMBOL[r.op_name]}", block_of(r.op, r.function))
+            counts[key] = counts.get(key, 0) + 1
+        rows = [("identities removed", "block", "count")]
+        rows += [(what, block, str(n)) for (what, block), n in counts.items()]
         return columns(rows)
 
     def summary(self, part: Part) -> str:
         if not part.records:
             return ""
-        by = {}
+        by: dict[str, int] = {}
         for r in part.records:
             by[r.op_name] = by.get(r.op_name, 0) + 1
         what = ", ".join(f"{n} x {_SYMBOL[name]}" for name, n in by.items())
