@@ -72,8 +72,9 @@ class Removed:
 
 
 class Identities(Section):
-    """`"identities": [{"op", "op_name", "kind": "identity", ...}]`: the ops removed as exact
-    identities; not folds (the fold count and the `folds` list leave them out)."""
+    """`"identities": [{"op", "op_name", "kind": "identity", ...}]` (when any): the ops
+    removed as exact identities; not folds (the fold count and the `folds` list leave them
+    out)."""
 
     order = 25
 
@@ -81,7 +82,9 @@ class Identities(Section):
         return {"identities": part.records}
 
     def to_json(self, part: Part) -> dict[str, Any]:
-        return {"identities": [r.to_json() for r in part.records]}
+        """The key only where something was removed (reports of modules without any
+        stay as they were)."""
+        return {"identities": [r.to_json() for r in part.records]} if part.records else {}
 
     def table(self, part: Part) -> list[str]:
         """How many were removed, by block and spelling (the JSON report lists each one):
