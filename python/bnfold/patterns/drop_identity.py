@@ -24,7 +24,7 @@ folds (`"identities"`, kind `identity`); the fold count leaves them out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -115,15 +115,6 @@ class Identities(Section):
 RECORDS = Identities()
 
 
-def _operations(block: ir.Block) -> Iterator[ir.Operation]:
-    for view in block.operations:
-        op = view.operation
-        yield op
-        for region in op.regions:
-            for inner in region.blocks:
-                yield from _operations(inner)
-
-
 def _is_splat(value: ir.Value, neutral: float, ctx: Context) -> bool:
     """Whether `value` is a constant whose every element equals `neutral` (checked only
     where a constant is made right there: no evaluation of other subgraphs)."""
@@ -138,10 +129,17 @@ class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
     """Removes every `x * 1`, `x / 1`, `x + 0`, `x - 0`."""
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
+        found: list[ir.Operation] = []
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            if op.operation.name in _NEUTRAL:
+                found.append(op.operation)
+            return ir.WalkResult.ADVANCE
+
         for func in ctx.functions():
-            for region in func.regions:
-                for block in region.blocks:
-                    yield from [op for op in _operations(block) if op.name in _NEUTRAL]
+            if ctx.body_ops(func) & _NEUTRAL.keys():
+                func.walk(visit)
+        return found
 
     def match(self, ctx: Context, root: ir.Operation) -> Identity | None:
         neutral, positions = _NEUTRAL[root.name]
