@@ -28,8 +28,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
 from bnfold.graph import defining_op, function_name
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern
@@ -43,8 +41,8 @@ if TYPE_CHECKING:
 _NEUTRAL = {"stablehlo.multiply": (1.0, (0, 1)), "stablehlo.divide": (1.0, (1,)),
             "stablehlo.add": (0.0, (0, 1)), "stablehlo.subtract": (0.0, (1,))}
 # What may stand between the neutral constant and the op (a splat, broadcast, converted).
-_CONSTANT_OPS = frozenset({"stablehlo.constant", "stablehlo.broadcast_in_dim",
-                           "stablehlo.reshape", "stablehlo.convert"})
+_PASS_THROUGH = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape",
+                           "stablehlo.convert"})
 _SYMBOL = {"stablehlo.multiply": "* 1", "stablehlo.divide": "/ 1", "stablehlo.add": "+ 0",
            "stablehlo.subtract": "- 0"}
 
@@ -115,14 +113,23 @@ class Identities(Section):
 RECORDS = Identities()
 
 
-def _is_splat(value: ir.Value, neutral: float, ctx: Context) -> bool:
-    """Whether `value` is a constant whose every element equals `neutral` (checked only
-    where a constant is made right there: no evaluation of other subgraphs)."""
+def _is_splat(value: ir.Value, neutral: float) -> bool:
+    """Whether `value` is a splat constant equal to `neutral`, possibly broadcast, reshaped
+    or converted (a convert of an exact 1 or 0 is exact). Read from the attribute, never
+    evaluated: a multiply of two large constants costs nothing here."""
     owner = defining_op(value)
-    if owner is None or owner.name not in _CONSTANT_OPS:
+    while owner is not None and owner.name in _PASS_THROUGH:
+        owner = defining_op(owner.operands[0])
+    if owner is None or owner.name != "stablehlo.constant":
         return False
-    found = ctx.analysis.constant(value)
-    return found is not None and found.array.size > 0 and bool(np.all(found.array == neutral))
+    try:
+        attr = ir.DenseElementsAttr(owner.attributes["value"])
+    except ValueError:  # dense_resource and other forms: not a splat written inline
+        return False
+    if not attr.is_splat:
+        return False
+    found = getattr(attr.get_splat_value(), "value", None)
+    return isinstance(found, (int, float)) and not isinstance(found, bool) and found == neutral
 
 
 class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
@@ -143,11 +150,12 @@ class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
 
     def match(self, ctx: Context, root: ir.Operation) -> Identity | None:
         neutral, positions = _NEUTRAL[root.name]
-        result_type = root.results[0].type
+        operands = root.operands
         for index in positions:
-            keep = root.operands[1 - index]
-            if keep.type == result_type and _is_splat(root.operands[index], neutral, ctx):
-                return Identity(root, keep)
+            if _is_splat(operands[index], neutral):
+                keep = operands[1 - index]
+                if keep.type == root.results[0].type:  # always, for StableHLO's own types
+                    return Identity(root, keep)
         return None
 
     def plan(self, ctx: Context, match: Identity) -> Identity:
