@@ -24,6 +24,7 @@ folds (`"identities"`, kind `identity`); the fold count leaves them out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -114,13 +115,19 @@ RECORDS = Identities()
 
 
 def _is_splat(value: ir.Value, neutral: float) -> bool:
-    """Whether `value` is a splat constant equal to `neutral`, possibly broadcast, reshaped
-    or converted (a convert of an exact 1 or 0 is exact). Read from the attribute, never
-    evaluated: a multiply of two large constants costs nothing here."""
+    """Whether `value` is one neutral scalar: a constant of one element (possibly broadcast,
+    reshaped or converted: a convert of an exact 1 or 0 is exact), or a splat of the op's
+    own shape, equal to `neutral`. A per-channel vector that happens to hold only 1s or 0s
+    (a batch norm's never trained gamma, beta or mean, broadcast along the features) is
+    that layer's parameter: left to the folds, which recover the statistics from it. Read
+    from the attribute, never evaluated: a multiply of two large constants costs nothing."""
     owner = defining_op(value)
     while owner is not None and owner.name in _PASS_THROUGH:
         owner = defining_op(owner.operands[0])
     if owner is None or owner.name != "stablehlo.constant":
+        return False
+    shape = ir.RankedTensorType(owner.results[0].type).shape
+    if math.prod(shape) != 1 and shape != ir.RankedTensorType(value.type).shape:
         return False
     try:
         attr = ir.DenseElementsAttr(owner.attributes["value"])

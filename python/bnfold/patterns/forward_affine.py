@@ -352,6 +352,10 @@ def _plan_one(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
     if isinstance(through, Refusal):
         return _scale_only(m, fit, rewrite, through, axis_at_end, end_type, absorbed)
     merge = bias_adds(op.results[0], through.out_axis, analysis)
+    if merge is None and not np.any(through.values):
+        # the shift reaches no output (a window that reads only padding): nothing to add,
+        # and an add of zeros would be an identity the next run removes (not idempotent)
+        return Plan(m, fit, rewrite, None, 0, None, padding=absorbed)
     if merge is not None:
         through = through.plus(merge.bias)
     out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
