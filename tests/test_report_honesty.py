@@ -337,3 +337,19 @@ def test_a_pad_helper_after_an_inference_batch_norm_stays_a_call():
     assert "call @_pad" in folded
     assert len(out.report.folds) == 1  # the batch norm's 1/sqrt(var), backward
     _same_numbers(text, folded)
+
+
+def test_a_per_channel_parameter_of_ones_is_not_an_identity():
+    """An untrained batch norm's gamma (ones per channel, broadcast along the features) is
+    that layer's parameter, not torchax's scalar `* 1`: it stays for the folds, which
+    recover the batch norm's statistics from it (and warn that they are untrained)."""
+    text, _ = _residual()
+    text = text.replace(
+        "%one = stablehlo.constant dense<1.000000e+00> : tensor<f32>\n"
+        "  %ob = stablehlo.broadcast_in_dim %one, dims = [] : (tensor<f32>) -> tensor<2x8xf32>",
+        "%one = stablehlo.constant dense<1.000000e+00> : tensor<8xf32>\n"
+        "  %ob = stablehlo.broadcast_in_dim %one, dims = [1] : (tensor<8xf32>) -> tensor<2x8xf32>")
+    assert "tensor<8xf32>) -> tensor<2x8xf32>" in text
+    out = bnfold.fold_source(text)
+    assert [r.op_name for r in out.report.identities] == ["stablehlo.add"]  # the scalar + 0
+    _same_numbers(text, out.serialize("mlir").decode())
