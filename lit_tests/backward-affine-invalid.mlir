@@ -5,7 +5,7 @@
 // VALID-NOT: func.func
 // A bad option is diagnosed before reading the input:
 // RUN: not %bnfold-opt --disable no-such-pattern %s 2>&1 | %filecheck %s --check-prefix=BADOPT
-// BADOPT: --disable: error: unknown pattern name(s) no-such-pattern; known: inline-calls, backward-affine
+// BADOPT: --disable: error: unknown pattern name(s) no-such-pattern; known: inline-calls, drop-identity, backward-affine
 
 // Diagnostics are `FILE:LINE:COL: error: ...` with the line in this file
 // (--split-input-file keeps line numbers), one per bad chunk, in order.

@@ -338,3 +338,49 @@ func.func @tied_bf16_table_keeps_the_scale(%ids: tensor<3x1xi32>) -> (tensor<3x4
   %l = stablehlo.dot_general %n, %tt, contracting_dims = [1] x [0] : (tensor<3x4xbf16>, tensor<4x10xbf16>) -> tensor<3x10xbf16>
   return %h, %l : tensor<3x4xbf16>, tensor<3x10xbf16>
 }
+
+// -----
+
+// A helper holding a scale is inlined only where the scale's walk reaches a weight
+// behind the call. hard_sigmoid's `/ 6` stops at relu6 (no law passes a clamp): it
+// and the helpers it calls stay calls. @scaled's `* 0.125` reaches the caller's
+// dot_general: inlined, and 0.125 goes into its weight (0.5 * 0.125 = 0.0625).
+
+// CHECK-LABEL: @helper_inlined_only_for_a_fold
+// CHECK:         call @hard_sigmoid
+// CHECK-NOT:     call @scaled
+// CHECK:         stablehlo.constant dense<6.250000e-02> : tensor<8x8xf32>
+// CHECK-NOT:     call @scaled
+// CHECK:         func.func private @hard_sigmoid
+// CHECK:         call @relu6
+// CHECK-NOT:     func.func private @scaled
+func.func @helper_inlined_only_for_a_fold(%x: tensor<2x8xf32>) -> (tensor<2x8xf32>, tensor<2x8xf32>) {
+  %w = stablehlo.constant dense<0.5> : tensor<8x8xf32>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x8xf32>, tensor<8x8xf32>) -> tensor<2x8xf32>
+  %t = stablehlo.tanh %y : tensor<2x8xf32>
+  %h = call @hard_sigmoid(%t) : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  %w2 = stablehlo.constant dense<0.5> : tensor<8x8xf32>
+  %v = stablehlo.dot_general %x, %w2, contracting_dims = [1] x [0] : (tensor<2x8xf32>, tensor<8x8xf32>) -> tensor<2x8xf32>
+  %s = call @scaled(%v) : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  return %h, %s : tensor<2x8xf32>, tensor<2x8xf32>
+}
+func.func private @hard_sigmoid(%arg0: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %three = stablehlo.constant dense<3.000000e+00> : tensor<2x8xf32>
+  %a = stablehlo.add %arg0, %three : tensor<2x8xf32>
+  %r = call @relu6(%a) : (tensor<2x8xf32>) -> tensor<2x8xf32>
+  %six = stablehlo.constant dense<6.000000e+00> : tensor<2x8xf32>
+  %d = stablehlo.divide %r, %six : tensor<2x8xf32>
+  return %d : tensor<2x8xf32>
+}
+func.func private @relu6(%arg0: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %zero = stablehlo.constant dense<0.000000e+00> : tensor<2x8xf32>
+  %six = stablehlo.constant dense<6.000000e+00> : tensor<2x8xf32>
+  %m = stablehlo.maximum %arg0, %zero : tensor<2x8xf32>
+  %c = stablehlo.minimum %m, %six : tensor<2x8xf32>
+  return %c : tensor<2x8xf32>
+}
+func.func private @scaled(%arg0: tensor<2x8xf32>) -> tensor<2x8xf32> {
+  %c = stablehlo.constant dense<1.250000e-01> : tensor<2x8xf32>
+  %m = stablehlo.multiply %arg0, %c : tensor<2x8xf32>
+  return %m : tensor<2x8xf32>
+}

@@ -116,7 +116,14 @@ def test_summary_separates_batch_norms_from_other_affine_folds(tmp_path):
     proc = run(MOBILENET, "-o", tmp_path / "out.mlir")
     summary = proc.stderr.decode()
     assert "folded 52 normalization(s)" in summary
-    assert "(+1 other affine: 1 divide folded forward)" in summary
+    # its global average pool is over 1x1: a divide by exactly 1, removed, not a fold
+    assert "other affine" not in summary
+    assert "removed 1 identity op(s) (1 x / 1; not folds)" in summary
+    proc = run(support.MODELS / "deployment_flax_resnet18_symbolic_nhwc.mlir", "-o",
+               tmp_path / "resnet.mlir")
+    summary = proc.stderr.decode()
+    assert "folded 20 normalization(s)" in summary
+    assert "(+1 other affine: 1 divide folded forward)" in summary  # its 4x4 average pool
 
 
 @pytest.mark.parametrize("flags, flag, needs", [

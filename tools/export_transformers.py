@@ -918,6 +918,9 @@ def classify(entry: dict, report: dict) -> dict:
                           "logit_softcap": [logit_folded, logit_cap],
                           "layer_scale": [len(layer_scale_folded), ls_total]},
         "norm_folds": norm_folded, "trivial_folds": trivial, "other_folds": other_folds,
+        "identities": len(report.get("identities", [])),
+        "copied_bytes": sum(f.get("shared_weight", {}).get("copied_bytes", 0)
+                            for f in report["folds"]),
         "unscoped_scale_folds": unscoped_scales, "misses": misses,
     }
 
@@ -1004,30 +1007,34 @@ def summary(coverage: dict) -> list[str]:
                      "`nonlinear-consumer` refusal naming its residual add / return / RoPE "
                      "use; the only record in its scope is backward-affine's `no-producer` "
                      f"on an op of the statistics** ({len(report_gaps)}): {', '.join(report_gaps)}")
-    copies = [f"{m} (+{(r['constant_bytes'][1] - r['constant_bytes'][0]) / 1024:.0f} KiB)"
+    copies = [f"{m} (+{(r['constant_bytes'][1] - r['constant_bytes'][0]) / 1024:.0f} KiB, "
+              f"reported {r.get('copied_bytes', 0) / 1024:.0f} KiB)"
               for m, r in sorted(coverage.items())
               if r.get("constant_bytes") and r["constant_bytes"][1] > 1.05 * r["constant_bytes"][0]]
     if copies:
-        lines.append(f"{len(groups) + 2}. **a tied embedding table is copied, silently**: the "
+        silent = [m for m, r in coverage.items() if r.get("constant_bytes") and
+                  r["constant_bytes"][1] > 1.05 * r["constant_bytes"][0] and
+                  not r.get("copied_bytes")]
+        title = "silently" if silent else "reported (`shared_weight`, its bytes) but not avoided"
+        lines.append(f"{len(groups) + 2}. **a tied embedding table is copied, {title}**: the "
                      "final norm's gamma (forward-affine, kind `affine`) or Gemma 2's logit "
                      "1/cap (backward-affine) folds into the LM head, whose kernel is the same "
                      "constant the embedding gather reads, so the folded module holds the table "
-                     "twice (vocab x hidden more bytes: ~525 MB for a bf16 Llama 3.2 1B) and the "
-                     "report does not say so (fold-scale refuses the same thing as "
-                     f"`shared-weight` with its cost): {', '.join(copies)}")
+                     "twice (vocab x hidden more bytes: ~525 MB for a bf16 Llama 3.2 1B); "
+                     "fold-scale refuses the same thing as `shared-weight` with its cost: "
+                     f"{', '.join(copies)}")
     trivial = {m: r["trivial_folds"] for m, r in coverage.items() if r.get("trivial_folds")}
+    removed = {m: r["identities"] for m, r in coverage.items() if r.get("identities")}
     worse = [f"{m} ({r['numerics']['original_error']:.2g} -> {r['numerics']['output_error']:.2g})"
              for m, r in sorted(coverage.items())
              if "original_error" in r.get("numerics", {})
              and r["numerics"]["output_error"] > 1.2 * r["numerics"]["original_error"]]
     lines += ["", "Also:", "",
-              f"- Trivial folds: torchax writes every `a + b` as `a + b * alpha` (alpha = 1) and "
-              f"addmm as `beta * c + alpha * (a @ b)`; bnfold folds these multiplies by 1 into "
-              f"the linear before them as `affine` folds (harmless, exact, but they inflate the "
-              f"report's counts: {sum(trivial.values())} over {len(trivial)} models). A "
-              f"multiply by exactly 1 could be dropped instead. The same multiply is what "
-              f"`nonlinear-consumer` names for BERT's and ConvNeXt's residual adds "
-              f"(`stablehlo.multiply at .../aten::add.Tensor/mul`), not the add itself.",
+              f"- Identities: torchax writes every `a + b` as `a + b * alpha` (alpha = 1) and "
+              f"addmm as `beta * c + alpha * (a @ b)`; drop-identity removes every multiply by "
+              f"exactly 1 and add of exactly 0 before the folds ({sum(removed.values())} over "
+              f"{len(removed)} models, the report's `identities`, not folds); multiplies by 1 "
+              f"still folded as `affine`: {sum(trivial.values())} over {len(trivial)} models.",
               "- Numerics: every folded module matches its original within the type's tolerance. "
               "Against float64, the folded error is at most 1.5x the original's plus one ulp "
               "everywhere; above 1.2x: " + (", ".join(worse) if worse else "none") +
@@ -1051,7 +1058,8 @@ def write_markdown(directory: Path, coverage: dict, entries: list[dict]) -> None
              "max |diff| / max |original|; f64: each module's error against the original "
              "evaluated in float64 (bnfold.check's evaluator).", "",
              "| model | dtype | norms folded | scales folded (attn, cap, emb, logit cap, "
-             "layer) | diff | f64 err orig -> folded | constants KiB | fold s | trivial x1 folds |",
+             "layer) | diff | f64 err orig -> folded | constants KiB | fold s | x1 folds / "
+             "identities removed |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     tot = [0, 0, 0, 0]
     for model in sorted(coverage):
@@ -1067,7 +1075,9 @@ def write_markdown(directory: Path, coverage: dict, entries: list[dict]) -> None
                            "layer_scale"))
         n = r["numerics"]
         cb = r.get("constant_bytes", [0, 0])
-        kib = f"{cb[0] / 1024:.0f} -> {cb[1] / 1024:.0f}" + (" **copy**" if cb[1] > 1.05 * cb[0] else "")
+        kib = f"{cb[0] / 1024:.0f} -> {cb[1] / 1024:.0f}" + (
+            f" **copy** (reported: {r.get('copied_bytes', 0) / 1024:.0f})"
+            if cb[1] > 1.05 * cb[0] else "")
 
         def g(x):
             return "n/a" if x is None else f"{x:.2g}"
@@ -1077,7 +1087,7 @@ def write_markdown(directory: Path, coverage: dict, entries: list[dict]) -> None
         lines.append(f"| {model} | {e.get('dtype', '?')} | {r['norms_folded']}/{r['norms_total']} |"
                      f" {r['scales_folded']}/{r['scales_total']} ({parts}) |"
                      f" {g(n.get('difference'))} | {f64} | {kib} | {r['fold_seconds']} |"
-                     f" {r['trivial_folds']} |")
+                     f" {r['trivial_folds']} / {r.get('identities', 0)} |")
         if not model.endswith("_args"):
             tot[0] += r["norms_folded"]
             tot[1] += r["norms_total"]

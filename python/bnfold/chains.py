@@ -199,6 +199,8 @@ def explain(ctx: Context) -> None:
             continue  # dead code: the cleanup removes it
         norm = affine.norm_op(rest)
         notes = ctx.shared(_notes).get(ctx.rewriter.handle(norm))
+        if notes is None and is_statistics(rest, analysis):
+            continue  # a norm's own mean square or variance: the norm gets the decision
         # A failed attempt on a scaling chain is worth explaining too.
         attempted = notes is not None and affine.normalizes(rest)
         if not (attempted or affine.looks_like_normalization(rest)):
@@ -208,6 +210,25 @@ def explain(ctx: Context) -> None:
     for op in found.batch_norms:
         if not ledger.is_decided(op):
             ledger.refuse(op, _batch_norm_reason(op))
+
+
+_STATISTICS_USERS = ("stablehlo.rsqrt", "stablehlo.sqrt")
+_PASS_THROUGH = ("stablehlo.broadcast_in_dim", "stablehlo.reshape", "stablehlo.convert")
+
+
+def is_statistics(steps: list[Step], analysis: Analysis) -> bool:
+    """Whether the steps compute a normalization's statistics, not an affine of its data:
+    they start at a reduction (through broadcasts, reshapes and converts: a sum over the
+    features) and every reader of their result takes its `rsqrt` or `sqrt` (RMSNorm's
+    `rsqrt(sum(x * x) / n + eps)`, a variance's `/ n`). Such a divide is not a
+    normalization of its own: the norm it belongs to is decided (folded or refused) as one."""
+    readers = analysis.live_users(steps[-1].result)
+    if not readers or any(r.name not in _STATISTICS_USERS for r in readers):
+        return False
+    owner = defining_op(steps[0].x)
+    while owner is not None and owner.name in _PASS_THROUGH:
+        owner = defining_op(owner.operands[0])
+    return owner is not None and owner.name == "stablehlo.reduce"
 
 
 def _reason(ctx: Context, chain: Chain, notes: Notes) -> Refusal:

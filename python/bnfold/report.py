@@ -47,6 +47,10 @@ class Fold:
     # "affine" (another per-channel step, e.g. a mean-pool's divide folded forward)
     kind: str = "normalization"
     note: str = ""  # what stayed of the normalization, if anything (and why)
+    # A fold into a weight also read elsewhere (an embedding table tied to the LM head):
+    # the new kernel is a copy, and the module grows by `copied_bytes`; who else reads it.
+    copied_bytes: int = 0
+    shared_with: list[str] = field(default_factory=list)
     # Model Explorer nodes (graph, node id) of the folded ops in the input, when
     # recorded (see `bnfold.overlay`).
     nodes: list[tuple[str, str]] = field(default_factory=list, repr=False, compare=False)
@@ -59,7 +63,9 @@ class Fold:
             "direction": self.direction, "channels": self.channels, "ops": self.ops,
             "function": self.function, "kernel_rounding": self.kernel_rounding,
             "kind": self.kind,
-        } | ({"note": self.note} if self.note else {}) | {"block": self.block}
+        } | ({"note": self.note} if self.note else {}) | (
+            {"shared_weight": {"copied_bytes": self.copied_bytes, "also_read_by": self.shared_with}}
+            if self.copied_bytes else {}) | {"block": self.block}
 
     @property
     def block(self) -> str:
@@ -524,6 +530,12 @@ class Report:
             steps = count(f"{_short(f.norm_op)} folded {f.direction}" for f in others)
             text += f" (+{len(others)} other affine: {steps})"
         text += f", skipped {len(self.skipped)}"
+        copies = [f for f in self.folds if f.copied_bytes]
+        if copies:
+            grown = _bytes(sum(f.copied_bytes for f in copies))
+            text += (f", copied {len(copies)} shared weight(s) (+{grown}: "
+                     f"{', '.join(f.id for f in copies)}; a tied weight stays for its other "
+                     f"readers)")
         for part in self._shown():
             text += part.section.summary(part)
         if self._relies_on_statistics():
@@ -549,6 +561,14 @@ def _bind_hint(report: Report) -> str:
                                     "kernels are function arguments")
     return (f"; {what}: bind them with --bind-params FILE.npz "
             "(or bnfold.jax_export.fold_exported)")
+
+
+def _bytes(n: int) -> str:
+    """`98304 bytes` as `96 KiB` (exact bytes below 1 KiB)."""
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} bytes"
 
 
 def _short(op_name: str) -> str:

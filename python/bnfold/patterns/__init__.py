@@ -55,6 +55,10 @@ REGISTRY: tuple[Entry, ...] = (
           "inline private helpers (jax.jit, filter_jit, nested at any depth) where a fold or "
           "equalization needs to see through them, one copy per call site",
           "bnfold.patterns.inline_calls", Stage.PREPARE, reports="always"),
+    Entry("drop-identity",
+          "remove a multiply by exactly 1 and an add of exactly 0 (torchax's `a + b * 1`): "
+          "exact, reported apart from the folds",
+          "bnfold.patterns.drop_identity", Stage.FOLD, reports="ran"),
     Entry("backward-affine",
           "fold a per-channel affine chain (batch_norm_inference or its decomposed spellings) "
           "into the convolution/dot_general before it",

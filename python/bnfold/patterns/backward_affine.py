@@ -43,7 +43,15 @@ from bnfold.ir import ir
 from bnfold.ledger import Statistics
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, behind_calls, ops_within
-from bnfold.patterns.rewrite import KernelRewrite, bias_add, fold_record, plan_kernel
+from bnfold.patterns.rewrite import (
+    Copy,
+    KernelRewrite,
+    bias_add,
+    copy_cost,
+    fold_record,
+    plan_kernel,
+    record_copy,
+)
 from bnfold.refusal import Code, Refusal
 
 if TYPE_CHECKING:
@@ -82,6 +90,7 @@ class Plan(NamedTuple):
     bias: np.ndarray | None  # None when the shift is exactly 0
     rest_reason: Refusal | None  # why the chain's remaining steps did not fold
     chain: Chain | None = None
+    copy: Copy | None = None  # the kernels are copies of a weight read elsewhere too
 
     @property
     def kernel_rounding(self) -> float:
@@ -432,8 +441,16 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal:
         arena = ctx.shared(_arena)
         arena.clear()  # the last plan's kernels are attributes by now
-        return plan_fold(match.source, match.chain, ctx.analysis, arena=arena,
-                         narrow_kernels=ctx.options.fold_into_narrow_kernels)
+        found = plan_fold(match.source, match.chain, ctx.analysis, arena=arena,
+                          narrow_kernels=ctx.options.fold_into_narrow_kernels)
+        if isinstance(found, Refusal) or not found.kernels:
+            return found
+        copies = [c for k in found.kernels
+                  if (c := copy_cost(k, found.source.leaves, ctx.analysis)) is not None]
+        if not copies:
+            return found
+        return found._replace(copy=Copy(sum(c.bytes for c in copies), tuple(dict.fromkeys(
+            r for c in copies for r in c.readers))))
 
     def refuse(self, ctx: Context, subject: Chain | Match, refusal: Refusal) -> None:
         chain = subject.chain if isinstance(subject, Match) else subject
@@ -475,6 +492,7 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
             fold_record(ctx.ledger, plan.source.leaves[0], applied.norm, plan.affine, "backward",
                         plan.kernel_rounding, steps),
             [s.op for s in steps], producer=applied.producers[0])
+        record_copy(fold, plan.copy)
         for extra in applied.producers[1:]:  # the other branches of a multi-platform case
             ctx.ledger.fold_carried_by(fold, extra)
         options = ctx.options

@@ -67,7 +67,7 @@ import numpy as np
 
 from bnfold import elements, laws, precision, producers
 from bnfold.constants import argument_refusal, is_function_argument
-from bnfold.graph import as_operation, defining_op, function_name, users
+from bnfold.graph import as_operation, defining_op, function_name, is_private, single_block, users
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, ops_within
@@ -515,7 +515,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         if ctx.body_ops(callee) & {*ROOT_OPS, "func.call"}:
             for op, inner in ops_within(site):
                 if op.name in ROOT_OPS and (found := _scalar(analysis, op)) is not None and \
-                        _back_to_arguments(op.operands[found[0]], inner, analysis):
+                        _back_to_arguments(op.operands[found[0]], inner, ctx):
                     return True
         if not (ctx.body_ops(callee) & {*PRODUCERS, "func.call"}):
             return False  # nothing in it a scale could go into
@@ -603,28 +603,57 @@ def _reaches(start: ir.Value, visit: Callable[[ir.Value], bool | Iterable[ir.Val
     return False
 
 
-def _back_to_arguments(value: ir.Value, site: CallSite, analysis: Analysis) -> bool:
+def _back_to_arguments(value: ir.Value, site: CallSite, ctx: Context) -> bool:
     """Whether the walk back from a scaled value inside a helper, through ops with scalar
-    laws, reaches an argument of the helper that comes from an op of the caller (or a
-    producer whose weight is an argument): where the fold needs the caller's IR."""
+    laws (and into the helpers they call), reaches a weight behind this call: a producer
+    or gather of the caller (through the helper's arguments), or one whose weight the
+    call passes in. Only then does inlining gain a fold: a walk that stops inside (at
+    hard_sigmoid's relu6 before its `/ 6`) leaves the helper a call."""
+    analysis = ctx.analysis
+    # where each value lives: the call site that sees it (None: the caller), and whether
+    # the walk crossed out of the helper to get there
+    where: dict[ir.Value, tuple[CallSite | None, bool]] = {value: (site, False)}
+
     def visit(current: ir.Value) -> bool | Iterable[ir.Value]:
-        if current in site.arguments:
-            passed = site.argument_value(current)
-            owner = defining_op(passed) if passed is not None else None
-            return owner is not None and (owner.name in laws.SCALAR_LAWS or
-                                          owner.name in PRODUCERS or owner.name == "func.call")
+        here, outside = where[current]
+        if here is not None and current in here.arguments:
+            passed = here.call.operands[here.arguments.index(current)]
+            where.setdefault(passed, (here.outer, outside or here is site))
+            return [passed]
         op = defining_op(current)
         if op is None:
             return False
-        if op.name == "func.call":
-            return True  # a nested helper: the next round looks inside it
-        if op.name in PRODUCERS and any(o in site.arguments for o in op.operands):
-            return True
+        if op.name == "func.call":  # a nested helper: look inside it
+            inner = ctx.callee(op)
+            if inner is None or not is_private(inner) or single_block(inner) is None:
+                return False
+            nested = CallSite(op, inner, here)
+            returned = nested.returned(next(i for i, r in enumerate(op.results) if r == current))
+            where.setdefault(returned, (nested, outside))
+            return [returned]
+        if op.name in PRODUCERS and (
+                any(_passed_in(o, here, site) for o in op.operands) or
+                (outside or here is None) and any(analysis.is_constant(o) for o in op.operands)):
+            return True  # a weight the call passes in, or one in the caller
         if op.name in laws.SCALAR_LAWS:
-            return [o for o in op.operands if not analysis.is_constant(o)]
+            following = [o for o in op.operands if not analysis.is_constant(o)]
+            for o in following:
+                where.setdefault(o, (here, outside))
+            return following
         return False
 
     return _reaches(value, visit)
+
+
+def _passed_in(value: ir.Value, here: CallSite | None, site: CallSite) -> bool:
+    """Whether `value`, seen at `here`, is an argument that `site`'s call passes in (through
+    the nested calls between them)."""
+    while here is not None and value in here.arguments:
+        value = here.call.operands[here.arguments.index(value)]
+        if here is site:
+            return True
+        here = here.outer
+    return False
 
 
 def _forward_to_scale(value: ir.Value, analysis: Analysis) -> bool:

@@ -64,7 +64,16 @@ from bnfold.graph import carry_attributes, defining_op
 from bnfold.ir import ir, stablehlo
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, behind_calls
-from bnfold.patterns.rewrite import KernelRewrite, bias_add, constant_add, fold_record, plan_kernel
+from bnfold.patterns.rewrite import (
+    Copy,
+    KernelRewrite,
+    bias_add,
+    constant_add,
+    copy_cost,
+    fold_record,
+    plan_kernel,
+    record_copy,
+)
 from bnfold.refusal import Code, Refusal
 from bnfold.through import BiasAdds, bias_adds, shift_through
 
@@ -113,6 +122,7 @@ class Plan(NamedTuple):
     # The shift's output through zero padding: varies near the borders.
     correction: border.Correction | None = None
     others: tuple[Plan, ...] = ()  # the folds of the other branches' producers
+    copy: Copy | None = None  # the kernel is a copy of a weight read elsewhere too
 
 
 def find(producer: ir.Operation, analysis: Analysis) -> Match | None:
@@ -339,6 +349,10 @@ def _plan_one(m: Match, analysis: Analysis, *, pad_uniform_shift: bool = False
     if isinstance(through, Refusal):
         return _scale_only(m, fit, rewrite, through, axis_at_end, end_type, absorbed)
     merge = bias_adds(op.results[0], through.out_axis, analysis)
+    if merge is None and not np.any(through.values):
+        # the shift reaches no output (a window that reads only padding): nothing to add,
+        # and an add of zeros would be an identity the next run removes (not idempotent)
+        return Plan(m, fit, rewrite, None, 0, None, padding=absorbed)
     if merge is not None:
         through = through.plus(merge.bias)
     out_dtype = elements.numpy_dtype(ir.RankedTensorType(op.results[0].type).element_type)
@@ -535,7 +549,11 @@ class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
         return find(root, ctx.analysis)
 
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal | None:
-        return plan(match, ctx.analysis, pad_uniform_shift=ctx.options.pad_uniform_shift)
+        found = plan(match, ctx.analysis, pad_uniform_shift=ctx.options.pad_uniform_shift)
+        if not isinstance(found, Plan):
+            return found
+        return found._replace(copy=copy_cost(found.kernel, [match.producer, *match.others],
+                                             ctx.analysis))
 
     def refuse(self, ctx: Context, subject: ir.Operation | Match, refusal: Refusal) -> None:
         if not isinstance(subject, Match):
@@ -587,6 +605,7 @@ class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
         if plan.kept_reason is not None:
             fold.note = (f"scale folded; the shift stays as one add before the "
                          f"{m.producer.name.removeprefix('stablehlo.')}: {plan.kept_reason}")
+        record_copy(fold, plan.copy)
         if m.narrowing is not None:
             note(ctx, list(m.upstream), forward=m.narrowing)
 

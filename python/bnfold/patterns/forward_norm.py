@@ -830,8 +830,8 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
             for index, result in enumerate(call.results):
                 value, _ = behind_calls(site.returned(index), site)
                 owner = defining_op(value)
-                if owner is not None and owner.name in _ELEMENTWISE and _normalizes(value) and \
-                        consumers(result, analysis)[0]:
+                if owner is not None and owner.name in _ELEMENTWISE and \
+                        _normalizes(value, analysis=analysis) and consumers(result, analysis)[0]:
                     return True
         if ctx.body_ops(callee) <= _MOVES:  # F.pad, torch.roll: steps of a norm's path
             return any(_normalized_behind(operand, ctx) for operand in call.operands)
@@ -839,7 +839,8 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
             return False
         for operand in call.operands:
             owner = defining_op(operand)
-            if owner is not None and owner.name in _ELEMENTWISE and _normalizes(operand):
+            if owner is not None and owner.name in _ELEMENTWISE and \
+                    _normalizes(operand, analysis=analysis):
                 return True
         return False
 
@@ -906,8 +907,8 @@ def _normalized_behind(value: ir.Value, ctx: Context) -> bool:
         owner = defining_op(value)
         if owner is None:
             return False
-        if owner.name in _ELEMENTWISE:
-            return _normalizes(value)
+        if owner.name in _ELEMENTWISE:  # a norm's (run-time statistics), not a batch norm's
+            return _normalizes(value, analysis=ctx.analysis)
         if owner.name == "func.call":
             called = callee(owner)
             if called is None or not ctx.body_ops(called) <= _MOVES or not owner.operands:

@@ -6,13 +6,14 @@ attributes of the ops they stand in for); none changes an existing op.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from bnfold import elements, precision, producers
-from bnfold.graph import carry_attributes, function_name
+from bnfold.graph import carry_attributes, defining_op, function_name
 from bnfold.ir import ir, stablehlo
 from bnfold.producers import Kernel
 from bnfold.refusal import Code, Refusal
@@ -21,6 +22,7 @@ from bnfold.statistics import has_variance
 
 if TYPE_CHECKING:
     from bnfold.affine import Affine, Step
+    from bnfold.analysis import Analysis
     from bnfold.ledger import Ledger
 
 
@@ -174,3 +176,53 @@ def kind(steps: list[Step], fit: Affine) -> str:
     if (fit.shift != 0).any() and (np.abs(fit.scale) != 1).any():
         return "normalization"  # checked before the walk of the constants: cheaper
     return "normalization" if has_variance(steps) else "affine"
+
+
+class Copy(NamedTuple):
+    """A fold's new kernel that does not replace its weight: the weight (an embedding table
+    tied to the LM head) is also read elsewhere, so the module keeps it and the new kernel
+    adds `bytes` (the size of its constant)."""
+
+    bytes: int
+    readers: tuple[str, ...]  # the other readers' op names (`stablehlo.gather`, `func.call`)
+
+    def note(self) -> str:
+        return (f"the weight is shared (also read by {', '.join(self.readers)}): the folded "
+                f"kernel is a copy, +{self.bytes} bytes")
+
+
+def copy_cost(rewrite: KernelRewrite, producers: Sequence[ir.Operation], analysis: Analysis
+              ) -> Copy | None:
+    """What folding into `rewrite`'s kernel copies: None when the constants behind the old
+    kernel serve only `producers` (the new kernel replaces them), else the new kernel's size
+    and the other readers, which keep the old constants alive."""
+    kernel = rewrite.kernel
+    # ops compare by pointer but hash by wrapper: lists, not sets (a kernel's ops are few)
+    path: list[ir.Operation] = []
+    stack = [kernel.value]
+    while stack:
+        owner = defining_op(stack.pop())
+        if owner is None or owner in path:
+            continue
+        path.append(owner)
+        stack.extend(owner.operands)
+    others: list[str] = []
+    for op in path:
+        for result in op.results:
+            others += [u.name for u in analysis.live_users(result)
+                       if u not in path and u not in list(producers)]
+    if not others:
+        return None
+    ty = ir.RankedTensorType((kernel.convert.operands[0] if kernel.convert is not None
+                              else kernel.value).type)
+    count = 1 if rewrite.rounded.splat else math.prod(ty.shape)
+    return Copy(count * kernel.storage.itemsize, tuple(dict.fromkeys(others)))
+
+
+def record_copy(fold: Fold, copy: Copy | None) -> None:
+    """Says in `fold`'s record that its kernel is a copy of a shared weight, and its cost."""
+    if copy is None:
+        return
+    fold.copied_bytes += copy.bytes
+    fold.shared_with = list(dict.fromkeys([*fold.shared_with, *copy.readers]))
+    fold.note = f"{fold.note}; {copy.note()}" if fold.note else copy.note()
