@@ -385,7 +385,7 @@ class _Walk:
             ty = elements.tensor_type(value)
             size = math.prod(ty.shape) * np.dtype(elements.numpy_dtype(ty.element_type)).itemsize \
                 if ty is not None else 0
-            readers = [_reader(u, analysis) for u in others]
+            readers = [_read_as(u, value, analysis)[0] for u in others]
             tied = reader.name in PRODUCERS and any(r.name in PRODUCERS for r in readers)
             what = "it is tied: also the weight of" if tied else "it is also read by"
             return Refusal(Code.SHARED_WEIGHT,
@@ -772,19 +772,6 @@ def _integer_producer(op: ir.Operation) -> Refusal | None:
                                    f"integers ({ty.element_type}, converted to floats): its "
                                    "integer weights cannot take a scale without becoming floats "
                                    "(an integer layer's dequantization scale stays as it is)")
-
-
-def _reader(op: ir.Operation, analysis: Analysis) -> ir.Operation:
-    """The op that reads a weight through `op` and the layout ops after it (a transposed
-    tied table: the LM head's dot_general)."""
-    for _ in range(8):
-        if op.name not in PEEL:
-            break
-        found = analysis.sole_live_user(op.results[0])
-        if found is None:
-            break
-        op = found
-    return op
 
 
 def _rounded_in(ctx: Context, root: ir.Operation, dtype: np.dtype) -> np.dtype:
