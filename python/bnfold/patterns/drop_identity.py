@@ -126,30 +126,47 @@ def _is_splat(value: ir.Value, neutral: float) -> bool:
     shape = ir.RankedTensorType(owner.results[0].type).shape
     if math.prod(shape) != 1 and shape != ir.RankedTensorType(value.type).shape:
         return False
+    return _splat_of(owner) == neutral
+
+
+def _splat_of(constant: ir.Operation) -> float | None:
+    """The one number a `stablehlo.constant` written as a splat holds, else None."""
     try:
-        attr = ir.DenseElementsAttr(owner.attributes["value"])
+        attr = ir.DenseElementsAttr(constant.attributes["value"])
     except ValueError:  # dense_resource and other forms: not a splat written inline
-        return False
+        return None
     if not attr.is_splat:
-        return False
+        return None
     found = getattr(attr.get_splat_value(), "value", None)
-    return isinstance(found, (int, float)) and not isinstance(found, bool) and found == neutral
+    return float(found) if isinstance(found, (int, float)) and not isinstance(found, bool) \
+        else None
 
 
 class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
     """Removes every `x * 1`, `x / 1`, `x + 0`, `x - 0`."""
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
+        """Every op of `_NEUTRAL` with an operand that may be a neutral splat, in one walk
+        per function (definitions come before their uses): `match` checks which. Most
+        multiplies and adds of a model read activations and per-channel vectors; only a
+        splat constant's attribute is read, not every operand's chain."""
         found: list[ir.Operation] = []
+        neutral: set[ir.Value] = set()  # 0 or 1 everywhere: a splat constant, moved
 
         def visit(op: ir.Operation) -> ir.WalkResult:
-            if op.operation.name in _NEUTRAL:
+            name = op.name
+            if name == "stablehlo.constant":
+                if _splat_of(op) in (0.0, 1.0):
+                    neutral.add(op.result)
+            elif name in _PASS_THROUGH:
+                if op.operands[0] in neutral:
+                    neutral.add(op.result)
+            elif name in _NEUTRAL and any(v in neutral for v in op.operands):
                 found.append(op.operation)
             return ir.WalkResult.ADVANCE
 
-        for func in ctx.functions():
-            if ctx.body_ops(func) & _NEUTRAL.keys():
-                func.walk(visit)
+        for func in ctx.functions():  # one walk: a body_ops check first would walk twice
+            func.walk(visit)
         return found
 
     def match(self, ctx: Context, root: ir.Operation) -> Identity | None:
