@@ -76,6 +76,20 @@ class Context:
                 if symbol_name(f) not in self.options.skip_functions
                 and not self.rewriter.is_replaced(f)]
 
+    def collect(self, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
+        """The ops of `functions()` (nested regions included) for which `keep(op)`, in walk
+        order (a value's definition before its uses): one walk per function."""
+        found: list[ir.Operation] = []
+
+        def visit(op: ir.Operation) -> ir.WalkResult:
+            if keep(op):
+                found.append(op.operation)
+            return ir.WalkResult.ADVANCE
+
+        for func in self.functions():
+            func.walk(visit)
+        return found
+
     def callee(self, call: ir.Operation) -> ir.Operation | None:
         """The function a `func.call` calls (functions are only ever dropped, never added)."""
         if self._symbols is None:

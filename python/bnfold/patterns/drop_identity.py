@@ -150,10 +150,9 @@ class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
         per function (definitions come before their uses): `match` checks which. Most
         multiplies and adds of a model read activations and per-channel vectors; only a
         splat constant's attribute is read, not every operand's chain."""
-        found: list[ir.Operation] = []
         neutral: set[ir.Value] = set()  # 0 or 1 everywhere: a splat constant, moved
 
-        def visit(op: ir.Operation) -> ir.WalkResult:
+        def candidate(op: ir.Operation) -> bool:
             name = op.name
             if name == "stablehlo.constant":
                 if _splat_of(op) in (0.0, 1.0):
@@ -161,13 +160,11 @@ class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
             elif name in _PASS_THROUGH:
                 if op.operands[0] in neutral:
                     neutral.add(op.result)
-            elif name in _NEUTRAL and any(v in neutral for v in op.operands):
-                found.append(op.operation)
-            return ir.WalkResult.ADVANCE
+            elif name in _NEUTRAL:
+                return any(v in neutral for v in op.operands)
+            return False
 
-        for func in ctx.functions():  # one walk: a body_ops check first would walk twice
-            func.walk(visit)
-        return found
+        return ctx.collect(candidate)
 
     def match(self, ctx: Context, root: ir.Operation) -> Identity | None:
         neutral, positions = _NEUTRAL[root.name]

@@ -421,16 +421,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
 
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
-        found: list[ir.Operation] = []
-
-        def visit(op: ir.Operation) -> ir.WalkResult:
-            if op.name in ROOT_OPS:
-                found.append(op.operation)
-            return ir.WalkResult.ADVANCE
-
-        for func in ctx.functions():  # one walk: a body_ops check first would walk twice
-            func.walk(visit)
-        return found
+        return ctx.collect(lambda op: op.name in ROOT_OPS)
 
     def match(self, ctx: Context, root: ir.Operation) -> Match | None:
         if ctx.rewriter.is_replaced(root) or ctx.ledger.is_folded(root):
