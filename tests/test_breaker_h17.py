@@ -225,10 +225,6 @@ def test_a_fused_projection_refusal_names_the_real_obstacle(bias, split, code):
 # --- open ---------------------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="two scales in a row after a bf16 layer converted to "
-                   "f32: fold-scale folds the power of two (0.5), and the 3.0 then gets no "
-                   "report entry (backward-affine's rule-9 refusal was recorded on the chain "
-                   "the 0.5 fold replaced)")
 def test_every_scale_after_a_narrow_layer_gets_a_decision():
     rng = np.random.default_rng(3)
     w = rng.normal(0, 0.125, (64, 64)).astype(ml_dtypes.bfloat16)

@@ -190,6 +190,12 @@ def note(ctx: Context, steps: list[Step], *, backward: Refusal | None = None,
     notes.forward = notes.forward or forward
 
 
+def is_noted(ctx: Context, key: Handle) -> bool:
+    """Whether a folding pattern noted why the normalization with handle `key` did not fold
+    (`explain` gives it that decision at the end of the fold stage)."""
+    return key in ctx.shared(_notes)
+
+
 def explain(ctx: Context) -> None:
     """One reason for every normalization-like chain (and batch norm) that did not fold."""
     ledger, analysis, found = ctx.ledger, ctx.analysis, candidates(ctx)

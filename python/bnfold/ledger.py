@@ -190,7 +190,10 @@ class Ledger:
         return self._rewriter.handle(op) in self._folded
 
     def is_decided(self, op: ir.Operation) -> bool:
-        key = self._rewriter.handle(op)
+        return self.decides(self._rewriter.handle(op))
+
+    def decides(self, key: Handle) -> bool:
+        """Whether the op with handle `key` has a decision (folded, or refused)."""
         return key in self._folded or key in self._refusals
 
     # -- what producers carry -----------------------------------------------------------

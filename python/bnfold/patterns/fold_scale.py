@@ -65,7 +65,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
-from bnfold import elements, laws, precision, producers
+from bnfold import chains, elements, laws, precision, producers
 from bnfold.constants import argument_refusal, is_function_argument
 from bnfold.graph import as_operation, defining_op, function_name, is_private, single_block, users
 from bnfold.ir import ir
@@ -183,7 +183,7 @@ class _Walk:
         if dtype is None or not elements.is_float(ty.element_type):  # type: ignore[union-attr]
             return Refusal(Code.NOT_FLOAT, f"{_name(value)} is not a static float tensor")
         if precision.is_narrower(dtype, self.match.compute) and not self.exact_in(dtype):
-            if _unowned(defining_op(value), self.ctx.analysis):
+            if _unowned(defining_op(value), self.ctx.analysis) or not self.decided():
                 self.reached = True  # no other pattern decides this scale: it gets ours
             return _narrower(value, dtype, self.match.compute)
         if abs(self.match.scale) > 1 and dtype == np.float16 and \
@@ -327,6 +327,15 @@ class _Walk:
         self.edits += edits
         self.crossed += crossed
         return None
+
+    def decided(self) -> bool:
+        """Whether the scale or an op the walk crossed has a decision, or a backward fold's
+        note on its chain (rule 9, given at the end of the stage); none once a fold of an
+        earlier scale of that chain took the op it was noted on (`* 0.5 * 3.0` after a
+        bf16 layer: the 3.0 is then ours to refuse)."""
+        ctx = self.ctx
+        keys = [ctx.rewriter.handle(self.match.root), *self.region]
+        return any(ctx.ledger.decides(k) or chains.is_noted(ctx, k) for k in keys)
 
     def forward(self, op: ir.Operation) -> bool:
         """Whether `op`'s result reaches the scale through ops with a scalar law only."""
