@@ -403,6 +403,24 @@ def lm_case(name, cls_name, config_name, sz, desc, *, gemma=False,
                 {k: v for k, v in scales.items() if v})
 
 
+def _hf_encoder(name: str, build: Callable[[], Any], desc: str, output: str,
+                inputs: Callable[[str], tuple[list[np.ndarray], list[dict]]], *,
+                layer_scales: bool = False) -> Case:
+    """A transformers encoder (BERT, ViT, DINOv2): built under its name's seed, its weights
+    and norms randomized, its norms and scales counted, `output` of its result exported."""
+    import torch
+
+    torch.manual_seed(zlib.crc32(name.encode()) & 0xFFFF)
+    m = build().eval()
+    randomize(m, name)
+    norms, kinds = count_norms(m)
+    x, kin = inputs(name)
+    scales = {"attention": count_attention(m)}
+    if layer_scales:
+        scales["layer_scale"] = count_layer_scales(m)
+    return Case(name, "transformers", desc, _wrap(m, output), x, kin, norms, kinds, scales)
+
+
 def hf_cases(sz: Sizes) -> dict[str, Callable[[], Case]]:
     def llama(tied):
         return lambda: lm_case(
@@ -463,61 +481,36 @@ def hf_cases(sz: Sizes) -> dict[str, Callable[[], Case]]:
                     {"attention": count_attention(lm)})
 
     def bert():
-        import torch
         from transformers import BertConfig, BertModel
 
-        name = "hf_bert"
-        torch.manual_seed(zlib.crc32(name.encode()) & 0xFFFF)
-        cfg = BertConfig(vocab_size=sz.vocab, hidden_size=sz.hidden, num_hidden_layers=sz.layers,
-                         num_attention_heads=sz.heads, intermediate_size=sz.intermediate,
-                         max_position_embeddings=4 * sz.seq, attn_implementation="eager")
-        m = BertModel(cfg).eval()
-        randomize(m, name)
-        norms, kinds = count_norms(m)
-        inputs, kin = _ids(name, sz)
-        return Case(name, "transformers",
-                    f"BertModel, hidden {sz.hidden}, {sz.layers} layers, post-norm; output: "
-                    "last_hidden_state", _wrap(m, "last_hidden_state"), inputs, kin, norms,
-                    kinds, {"attention": count_attention(m)})
+        return _hf_encoder("hf_bert", lambda: BertModel(BertConfig(
+            vocab_size=sz.vocab, hidden_size=sz.hidden, num_hidden_layers=sz.layers,
+            num_attention_heads=sz.heads, intermediate_size=sz.intermediate,
+            max_position_embeddings=4 * sz.seq, attn_implementation="eager")),
+            f"BertModel, hidden {sz.hidden}, {sz.layers} layers, post-norm; output: "
+            "last_hidden_state", "last_hidden_state", lambda name: _ids(name, sz))
 
     def vit():
-        import torch
         from transformers import ViTConfig, ViTForImageClassification
 
-        name = "hf_vit"
-        torch.manual_seed(zlib.crc32(name.encode()) & 0xFFFF)
-        cfg = ViTConfig(hidden_size=sz.hidden, num_hidden_layers=sz.layers,
-                        num_attention_heads=sz.heads, intermediate_size=sz.intermediate,
-                        image_size=sz.image, patch_size=sz.patch, num_labels=10,
-                        attn_implementation="eager")
-        m = ViTForImageClassification(cfg).eval()
-        randomize(m, name)
-        norms, kinds = count_norms(m)
-        inputs, kin = _image(name, sz)
-        return Case(name, "transformers",
-                    f"ViTForImageClassification, hidden {sz.hidden}, {sz.layers} layers, "
-                    f"{sz.image}x{sz.image} image, patch {sz.patch}, 10 labels",
-                    _wrap(m, "logits"), inputs, kin, norms, kinds,
-                    {"attention": count_attention(m)})
+        return _hf_encoder("hf_vit", lambda: ViTForImageClassification(ViTConfig(
+            hidden_size=sz.hidden, num_hidden_layers=sz.layers, num_attention_heads=sz.heads,
+            intermediate_size=sz.intermediate, image_size=sz.image, patch_size=sz.patch,
+            num_labels=10, attn_implementation="eager")),
+            f"ViTForImageClassification, hidden {sz.hidden}, {sz.layers} layers, "
+            f"{sz.image}x{sz.image} image, patch {sz.patch}, 10 labels", "logits",
+            lambda name: _image(name, sz))
 
     def dinov2():
-        import torch
         from transformers import Dinov2Config, Dinov2Model
 
-        name = "hf_dinov2"
-        torch.manual_seed(zlib.crc32(name.encode()) & 0xFFFF)
-        cfg = Dinov2Config(hidden_size=sz.hidden, num_hidden_layers=sz.layers,
-                           num_attention_heads=sz.heads, mlp_ratio=2, image_size=sz.image,
-                           patch_size=sz.patch, attn_implementation="eager")
-        m = Dinov2Model(cfg).eval()
-        randomize(m, name)
-        norms, kinds = count_norms(m)
-        inputs, kin = _image(name, sz)
-        return Case(name, "transformers",
-                    f"Dinov2Model, hidden {sz.hidden}, {sz.layers} layers, layer scales, "
-                    f"{sz.image}x{sz.image} image, patch {sz.patch}; output: pooler_output",
-                    _wrap(m, "pooler_output"), inputs, kin, norms, kinds,
-                    {"attention": count_attention(m), "layer_scale": count_layer_scales(m)})
+        return _hf_encoder("hf_dinov2", lambda: Dinov2Model(Dinov2Config(
+            hidden_size=sz.hidden, num_hidden_layers=sz.layers, num_attention_heads=sz.heads,
+            mlp_ratio=2, image_size=sz.image, patch_size=sz.patch,
+            attn_implementation="eager")),
+            f"Dinov2Model, hidden {sz.hidden}, {sz.layers} layers, layer scales, "
+            f"{sz.image}x{sz.image} image, patch {sz.patch}; output: pooler_output",
+            "pooler_output", lambda name: _image(name, sz), layer_scales=True)
 
     return {
         "hf_llama_tied": llama(True),
