@@ -9,6 +9,10 @@ driver's own checking mode (`bnfold.driver.CHECKING`, on in the whole suite: tes
   for `Rewriter.finish`); the rewriter's handles all name ops still in the module;
 * every registered pattern is exercised here (its roots reach `match`, and `apply`);
 * a change planted in any pattern's phase makes the checking mode fail, naming both;
+* `finish` changes the IR only through the rewriter (`Context.ops` keeps one walk of the
+  module between changes, and the checking mode compares it with a fresh one);
+* a pattern's `may_inline` (inline-calls' filter on a helper) holds wherever its
+  `wants_inline` does;
 * no state keyed by an op's address survives an erase: MLIR hands a freed address to
   the next op it creates, and that newcomer must not inherit a report entry, an overlay
   node or a statistic.
@@ -203,6 +207,55 @@ def planted_change_fails(entry: patterns.Entry, phase: str, text: str, options: 
         bnfold.fold_module(module, options_of(options, registry), registry=registry)
     monkeypatch.undo()
     assert f"pattern {entry.name} broke the rules in {phase}" in str(raised.value)
+
+
+HELPER_CONV = """
+func.func @main(%x: tensor<1x4x4x2xf32>) -> tensor<1x4x4x2xf32> {
+  %y = call @conv(%x) : (tensor<1x4x4x2xf32>) -> tensor<1x4x4x2xf32>
+  %s = stablehlo.constant dense<[0.5, 2.0]> : tensor<2xf32>
+  %sb = stablehlo.broadcast_in_dim %s, dims = [3] : (tensor<2xf32>) -> tensor<1x4x4x2xf32>
+  %m = stablehlo.multiply %y, %sb : tensor<1x4x4x2xf32>
+  return %m : tensor<1x4x4x2xf32>
+}
+func.func private @conv(%a: tensor<1x4x4x2xf32>) -> tensor<1x4x4x2xf32> {
+  %k = stablehlo.constant dense<[[[[1.0, 2.0], [3.0, 4.0]]]]> : tensor<1x1x2x2xf32>
+  %0 = stablehlo.convolution(%a, %k) dim_numbers = [b, 0, 1, f]x[0, 1, i, o]->[b, 0, 1, f], window = {} {batch_group_count = 1 : i64, feature_group_count = 1 : i64} : (tensor<1x4x4x2xf32>, tensor<1x1x2x2xf32>) -> tensor<1x4x4x2xf32>
+  return %0 : tensor<1x4x4x2xf32>
+}
+"""
+
+
+def _entry(name: str) -> patterns.Entry:
+    return next(e for e in patterns.REGISTRY if e.name == name)
+
+
+def test_a_helper_inlined_for_a_fold_folds():
+    """The control for the two tests below: the jitted conv helper is inlined and folded."""
+    report = fold(HELPER_CONV, {})
+    assert len(report.folds) == 1 and report.to_json()["inlined"] == ["conv"]
+
+
+def test_a_filter_that_hides_a_wanted_call_fails_the_checks(monkeypatch):
+    """backward-affine wants `@conv` inlined; a `may_inline` saying no call of it could be
+    wanted (which would lose the fold silently) fails the checking mode."""
+    pattern = _entry("backward-affine").load()
+    monkeypatch.setattr(type(pattern), "may_inline", lambda self, ctx, callee: False)
+    with pytest.raises(AssertionError, match="may_inline.*@conv.*is False"):
+        fold(HELPER_CONV, {})
+
+
+def test_a_change_in_finish_outside_the_rewriter_fails_the_checks(monkeypatch):
+    """An op created in `finish` without the rewriter would be missing from the walk
+    `Context.ops` keeps for the next pattern: the checking mode finds the stale walk."""
+    pattern = _entry("drop-identity").load()
+
+    def finish(self, ctx):
+        main = ctx.module.body.operations[0]
+        with ir.InsertionPoint.at_block_begin(main.regions[0].blocks[0]), ir.Location.unknown():
+            bir.stablehlo.ConstantOp(ir.DenseElementsAttr.get(np.zeros(2, np.float32)))
+    monkeypatch.setattr(type(pattern), "finish", finish)
+    with pytest.raises(driver.RuleViolation, match="stale walk"):
+        fold(HELPER_CONV, {})
 
 
 def test_the_checks_are_off_for_users():

@@ -233,7 +233,7 @@ def propagate_constants(module: ir.Module, func: ir.Operation, _depth: int = 0) 
 
 
 
-_POSITIONAL = re.compile(r"^'arr_\d+'$")
+_POSITIONAL = r"^'arr_\d+'$"  # compiled on first use
 
 
 def _bind_error(misses: list[str], problems: list[str], names: list[set[str]], function: str,
@@ -256,7 +256,7 @@ def _bind_error(misses: list[str], problems: list[str], names: list[set[str]], f
                            short_list(aliases) != ", ".join(aliases)))
     if len(problems) > _SHOWN:
         clipped.append(f"... and {len(problems) - _SHOWN} more mismatch(es)")
-    if misses and all(_POSITIONAL.match(m) for m in misses):
+    if misses and all(re.match(_POSITIONAL, m) for m in misses):
         clipped.append("arr_0, arr_1, ... are numpy.savez(path, *arrays)'s keys: positions "
                        "that jax.export's dropped (unused) leaves misalign; write names with "
                        "bnfold.jax_export.save_params(path, exported, params)")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from bnfold import affine, elements, producers
-from bnfold.affine import Step
+from bnfold.affine import STEP_NAMES, Step
 from bnfold.graph import callee_name, defining_op
 from bnfold.ir import ir
 from bnfold.refusal import Code, Refusal
@@ -48,8 +48,7 @@ class Chain(NamedTuple):
         return self.steps[-1]
 
 
-@dataclass
-class Candidates:
+class Candidates(NamedTuple):
     """What one walk of the module found."""
 
     producers: list[ir.Operation]
@@ -57,26 +56,24 @@ class Candidates:
     batch_norms: list[ir.Operation]  # every batch_norm_inference, in a chain or not
 
 
-def find(functions: Iterable[ir.Operation], analysis: Analysis) -> Candidates:
-    """Producers and chains of `functions`, in program order (one walk)."""
+# The ops `find` looks at: producers, chain steps and batch norms.
+FOUND = frozenset({*producers.NAMES, *STEP_NAMES, "stablehlo.batch_norm_inference"})
+
+
+def find(ops: Iterable[ir.Operation], analysis: Analysis) -> Candidates:
+    """Producers and chains among `ops` (those named in `FOUND`, in program order)."""
     found_producers: list[ir.Operation] = []
     batch_norms: list[ir.Operation] = []
     steps: list[Step] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        op = op.operation
+    for op in ops:
         if producers.is_producer(op):
             found_producers.append(op)
-        else:
-            if op.name == "stablehlo.batch_norm_inference":
-                batch_norms.append(op)
-            step = analysis.step(op)
-            if step is not None:
-                steps.append(step)
-        return ir.WalkResult.ADVANCE
-
-    for func in functions:
-        func.walk(visit, ir.WalkOrder.PRE_ORDER)
+            continue
+        if op.name == "stablehlo.batch_norm_inference":
+            batch_norms.append(op)
+        step = analysis.step(op)
+        if step is not None:
+            steps.append(step)
     found = [grow(s, analysis) for s in steps if _previous(s, analysis) is None]
     return Candidates(found_producers, found, batch_norms)
 
@@ -173,7 +170,7 @@ def candidates(ctx: Context) -> Candidates:
 
 
 def _find_candidates(ctx: Context) -> Candidates:
-    return find(ctx.functions(), ctx.analysis)
+    return find(ctx.ops(FOUND), ctx.analysis)
 
 
 def _notes(ctx: Context) -> dict[Handle, Notes]:

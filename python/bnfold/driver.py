@@ -28,7 +28,7 @@ and raises `RuleViolation` naming the pattern and the phase that broke one:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -69,6 +69,13 @@ class Context:
     _symbols: dict[str, ir.Operation] | None = None
     _bodies: dict[str, frozenset[str]] = field(default_factory=dict)
     _patterns: dict[Stage, tuple[tuple[Entry, ...], list[Pattern]]] = field(default_factory=dict)
+    _table: list[tuple[str, ir.Operation]] | None = None  # `ops`' walk, until the IR changes
+    _table_version = -1  # the rewriter's version when `_table` was walked
+
+    @property
+    def checking(self) -> bool:
+        """Whether the driver's checking mode is on (patterns may assert their own rules)."""
+        return CHECKING
 
     def functions(self) -> list[ir.Operation]:
         """The functions patterns may change: not skipped, not dropped."""
@@ -76,18 +83,38 @@ class Context:
                 if symbol_name(f) not in self.options.skip_functions
                 and not self.rewriter.is_replaced(f)]
 
-    def collect(self, keep: Callable[[ir.Operation], bool]) -> list[ir.Operation]:
-        """The ops of `functions()` (nested regions included) for which `keep(op)`, in walk
-        order (a value's definition before its uses): one walk per function."""
-        found: list[ir.Operation] = []
+    def ops(self, names: Container[str]) -> list[ir.Operation]:
+        """The ops of `functions()` (nested regions included) named in `names`, in walk
+        order (pre-order: a value's definition before its uses). One walk of the module
+        serves every call until the IR changes: the driver drops it after each `apply` (which
+        may create ops), and a change through the rewriter (a `finish` dropping a function)
+        drops it too. Checking mode enforces that only those phases change the IR, and
+        compares the kept walk with a fresh one on every call."""
+        table = self._table
+        if table is None or self._table_version != self.rewriter.version:
+            table = self._table = self._walk()
+            self._table_version = self.rewriter.version
+        elif self.checking and [(n, op_id(o)) for n, o in table] != \
+                [(n, op_id(o)) for n, o in self._walk()]:
+            raise RuleViolation("bnfold: the IR changed outside a pattern's apply or finish "
+                                "(Context.ops kept a stale walk)")
+        return [op for name, op in table if name in names]
+
+    def changed(self) -> None:
+        """An `apply` ran (it may have created ops): the next `ops` walks the IR again."""
+        self._table = None
+
+    def _walk(self) -> list[tuple[str, ir.Operation]]:
+        found: list[tuple[str, ir.Operation]] = []
+        add = found.append
+        advance = ir.WalkResult.ADVANCE
 
         def visit(op: ir.Operation) -> ir.WalkResult:
-            if keep(op):
-                found.append(op.operation)
-            return ir.WalkResult.ADVANCE
+            add((op.name, op))
+            return advance
 
         for func in self.functions():
-            func.walk(visit)
+            func.walk(visit, ir.WalkOrder.PRE_ORDER)
         return found
 
     def callee(self, call: ir.Operation) -> ir.Operation | None:
@@ -163,7 +190,9 @@ def run_pattern(ctx: Context, pattern: Pattern, name: str = "") -> None:
             continue
         planned = _accepted(ctx, pattern, matched, pattern.plan(ctx, matched))
         if planned is not None:
-            pattern.record(ctx, planned, pattern.apply(ctx.rewriter, planned))
+            applied = pattern.apply(ctx.rewriter, planned)
+            ctx.changed()
+            pattern.record(ctx, planned, applied)
     pattern.finish(ctx)
 
 
@@ -241,6 +270,7 @@ class _Checked:
                 applied = pattern.apply(ctx.rewriter, planned)
             finally:
                 ctx.rewriter.redirects = None
+                ctx.changed()
             after = fingerprint(ctx.module)
             self.only_created(before, after, redirected)
             self.handles(after)

@@ -117,7 +117,7 @@ def write_file(path: str, data: Data, flag: str = "output") -> None:
 
 
 # A descriptor of this process as procfs names it (what /dev/stdout and /dev/fd/N lead to).
-_PROC_FD = re.compile(r"/proc/(self|thread-self|\d+)(?:/task/\d+)?/fd/(\d+)")
+_PROC_FD = r"/proc/(self|thread-self|\d+)(?:/task/\d+)?/fd/(\d+)"  # compiled on first use
 _MAX_LINKS = 40  # as the kernel's own limit on symlinks in a path
 
 
@@ -135,7 +135,7 @@ def _descriptor(path: str) -> int | None:
         head, tail = os.path.split(current)
         head = os.path.realpath(head)
         current = os.path.join(head, tail)
-        found = _PROC_FD.fullmatch(current)
+        found = re.fullmatch(_PROC_FD, current)
         if found is not None:
             owner = found.group(1)
             own = owner in ("self", "thread-self") or int(owner) == os.getpid()

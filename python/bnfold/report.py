@@ -102,13 +102,14 @@ class Skip:
         return block_of(self.op, self.function)
 
 
+# Patterns as strings: `re` compiles each on first use (and caches it), not at import.
 # A transform in a name path (`jit(f)`, `vmap()`, `pjit(<lambda>)`), not a module.
-_TRANSFORM_RE = re.compile(r"^[\w.<>-]*\(.*\)$")
+_TRANSFORM_RE = r"^[\w.<>-]*\(.*\)$"
 # A module list's index (`layers.0`, `h/3`) or an indexed block (`BasicBlock_0`, `block_2`,
 # `layers_1`; `block_1_expand_BN`: Keras' flat names, the block is `block_1`).
-_INDEX_RE = re.compile(r"^\d+$")
-_BLOCK_RE = re.compile(r"^(?:\w*(?:block|layer|stage)s?|h)[_-]?\d+(?=$|_)", re.IGNORECASE)
-_FILE_LOCATION_RE = re.compile(r":\d+:\d+$")
+_INDEX_RE = r"^\d+$"
+_BLOCK_RE = r"(?i)^(?:\w*(?:block|layer|stage)s?|h)[_-]?\d+(?=$|_)"
+_FILE_LOCATION_RE = r":\d+:\d+$"
 
 
 def block_of(location: str, function: str) -> str:
@@ -118,23 +119,23 @@ def block_of(location: str, function: str) -> str:
     (`layers.0`), else up to the last indexed block (`ResNet/BasicBlock_0`); transforms
     (`jit(f)`, `vmap()`) left out. Without either (a file location, a bare name), the
     function's name."""
-    if not location or _FILE_LOCATION_RE.search(location):
+    if not location or re.search(_FILE_LOCATION_RE, location):
         return function
     tokens: list[tuple[str, str]] = []  # (separator before, segment)
     for i, component in enumerate(_split_top_level(location, "/")):
-        if _TRANSFORM_RE.match(component):
+        if re.match(_TRANSFORM_RE, component):
             continue
         pieces = component.split(".") if "(" not in component else [component]
         for j, piece in enumerate(pieces):
             tokens.append(("." if j else "/" if i and tokens else "", piece))
     names = [t for _, t in tokens]
-    cut = next((i for i, t in enumerate(names) if i and _INDEX_RE.match(t)), None)
+    cut = next((i for i, t in enumerate(names) if i and re.match(_INDEX_RE, t)), None)
     if cut is None:
-        blocks = [i for i, t in enumerate(names[:-1]) if _BLOCK_RE.match(t)]
+        blocks = [i for i, t in enumerate(names[:-1]) if re.match(_BLOCK_RE, t)]
         if not blocks:
             return function
         cut = blocks[-1]
-        last = _BLOCK_RE.match(names[cut])
+        last = re.match(_BLOCK_RE, names[cut])
         assert last is not None
         tokens[cut] = (tokens[cut][0], last.group(0))
     return "".join(sep + t for sep, t in tokens[:cut + 1]).lstrip("/.") or function
@@ -152,7 +153,7 @@ def _split_top_level(text: str, separator: str) -> list[str]:
     return [p for p in parts if p]
 
 
-_PATH_PART_RE = re.compile(r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([A-Za-z_]\w*)")
+_PATH_PART_RE = r"\['((?:[^'\\]|\\.)*)'\]|\[(-?\d+)\]|\.([A-Za-z_]\w*)"  # compiled on first use
 
 
 def parameter_path(name: str) -> str:
@@ -162,7 +163,7 @@ def parameter_path(name: str) -> str:
     head = re.match(r"[A-Za-z_]\w*", name)
     parts = [head.group(0)] if head else []
     position = head.end() if head else 0
-    for match in _PATH_PART_RE.finditer(name, position):
+    for match in re.compile(_PATH_PART_RE).finditer(name, position):
         if match.start() != position:
             return name
         parts.append(next(g for g in match.groups() if g is not None))

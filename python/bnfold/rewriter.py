@@ -102,6 +102,7 @@ class Rewriter:
         self._tombstone_ids: set[int] = set()  # their addresses: `is_replaced` in one lookup
         self._successors: dict[Handle, ir.Operation] = {}
         self.changed_functions: set[str] = set()
+        self.version = 0  # counts the changes made through it (replace, supersede, drop)
         # While the driver checks a pattern's apply: each result replace_op redirected.
         self.redirects: dict[ir.Value, ir.Value] | None = None
 
@@ -162,6 +163,7 @@ class Rewriter:
         if name:
             self.changed_functions.add(name)
         after = self.handle(successor) if successor is not None else None
+        self.version += 1
         for listener in self._listeners:
             listener.on_replace(handle, after)
             listener.on_change()
@@ -177,6 +179,7 @@ class Rewriter:
                 with ir.InsertionPoint(query):
                     moved = self.clone(query, {0: successor})
                 self.replace_op(query, list(moved.results), successor=moved)
+        self.version += 1
         for listener in self._listeners:
             listener.on_replace(handle, after)
 
@@ -184,6 +187,7 @@ class Rewriter:
         """Marks a private function that nothing calls any more for erasure at `finish`."""
         self._tombstones[self.handle(func)] = func
         self._tombstone_ids.add(op_id(func))
+        self.version += 1
         for listener in self._listeners:
             listener.on_change()
 

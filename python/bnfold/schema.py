@@ -23,7 +23,7 @@ import functools
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import Field, dataclass, field, fields, make_dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from bnfold.errors import BnfoldError
 
@@ -34,8 +34,7 @@ class Kind(enum.Enum):
     CHOICE = "choice"  # one of `choices`
 
 
-@dataclass(frozen=True)
-class Meta:
+class Meta(NamedTuple):
     """How one option is spelled and checked."""
 
     help: str
@@ -50,8 +49,7 @@ class Meta:
     uses_statistics: bool = False
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(NamedTuple):
     """One option: its Python name (a `FoldOptions` field), default and spelling."""
 
     name: str
@@ -202,8 +200,7 @@ def symbol(name: str) -> str:
 Spelling = Callable[[str], str]  # a field's name -> how the user wrote it
 
 
-@dataclass(frozen=True)
-class Ref:
+class Ref(NamedTuple):
     """Another option, named in an `OptionError`'s message as the user spells it."""
 
     field: str

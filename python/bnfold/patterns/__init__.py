@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import functools
 import importlib
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from bnfold.patterns.base import Stage
 from bnfold.schema import Kind, Meta, Option, OptionsBase, PassSpec, build, switch
@@ -25,8 +24,7 @@ if TYPE_CHECKING:
     from bnfold.report import Section
 
 
-@dataclass(frozen=True)
-class Entry:
+class Entry(NamedTuple):
     """A registered pattern: its `--disable` name, what it does, where it lives, when it
     runs, and the option that turns it on (None: on unless disabled)."""
 

@@ -38,7 +38,7 @@ from bnfold.affine import Affine, Composed, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import Chain, note
 from bnfold.constants import argument_refusal, parameter_argument
-from bnfold.graph import carry_attributes, defining_op
+from bnfold.graph import carry_attributes, defining_op, single_block
 from bnfold.ir import ir
 from bnfold.ledger import Statistics
 from bnfold.patterns.base import Pattern
@@ -278,15 +278,20 @@ def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analys
     for passed, argument in zip(call.operands, arguments, strict=False):
         # The helper's side first: most helpers (activations) start with no affine step,
         # and walking the caller's chain back to its producer costs more.
-        user = analysis.sole_live_user(argument)
-        step = analysis.step(user) if user is not None else None
-        if step is None or step.x != argument:
+        if not _scales_argument(argument, analysis):
             continue
         producer = _chain_source(passed, call, analysis)
         if producer is not None and \
                 any(analysis.is_constant(producer.operands[i]) for i in (0, 1)):
             return True
     return False
+
+
+def _scales_argument(argument: ir.Value, analysis: Analysis) -> bool:
+    """Whether a helper's argument is the activation of an affine step, its only use."""
+    user = analysis.sole_live_user(argument)
+    step = analysis.step(user) if user is not None else None
+    return step is not None and step.x == argument
 
 
 MAX_CHAIN_WALK = 64  # affine steps between a producer and the helper call it feeds
@@ -482,6 +487,14 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
                     any(inner.is_constant(producer.operands[i], analysis) for i in (0, 1)):
                 return True
         return False
+
+    def may_inline(self, ctx: Context, callee: ir.Operation) -> bool:
+        """A helper with a producer or a call inside, or one that scales an argument."""
+        if ctx.body_ops(callee) & {*producers.NAMES, "func.call"}:
+            return True
+        block = single_block(callee)
+        return block is not None and \
+            any(_scales_argument(a, ctx.analysis) for a in block.arguments)
 
     def apply(self, rewriter: Rewriter, plan: Plan) -> Applied:
         return build(rewriter, plan)

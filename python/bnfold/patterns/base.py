@@ -13,6 +13,9 @@ as a value, as ONNX Runtime's SatisfyCondition/Apply):
     wants_inline(ctx, call)
                         whether the pattern needs to see through this call of a private
                         helper (inline-calls asks every enabled pattern before it runs)
+    may_inline(ctx, callee)
+                        a filter on the helper alone, asked once per helper and round:
+                        False where no call of it can be one `wants_inline` accepts
 
 `match` and `plan` read the IR and the analysis only; the driver's checking mode
 (`bnfold.driver.CHECKING`, on in the test suite) fingerprints the IR around `roots`,
@@ -75,3 +78,10 @@ class Pattern(Generic[Root, M, P]):
     def wants_inline(self, ctx: Context, call: ir.Operation, callee: ir.Operation) -> bool:
         """Whether this pattern needs to see through `call` (inline-calls asks)."""
         return False
+
+    def may_inline(self, ctx: Context, callee: ir.Operation) -> bool:
+        """Whether some call of `callee` may be one `wants_inline` accepts, judged on the
+        helper alone (its ops, its arguments' uses): inline-calls asks once per helper and
+        round, so the 150 calls of an activation helper cost a lookup each. It must hold
+        wherever `wants_inline` does; the driver's checking mode asserts that."""
+        return True

@@ -43,6 +43,7 @@ _NEUTRAL = {"stablehlo.multiply": (1.0, (0, 1)), "stablehlo.divide": (1.0, (1,))
 # What may stand between the neutral constant and the op (a splat, broadcast, converted).
 _PASS_THROUGH = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape",
                            "stablehlo.convert"})
+_WALKED = frozenset({"stablehlo.constant", *_PASS_THROUGH, *_NEUTRAL})
 _SYMBOL = {"stablehlo.multiply": "* 1", "stablehlo.divide": "/ 1", "stablehlo.add": "+ 0",
            "stablehlo.subtract": "- 0"}
 
@@ -151,8 +152,8 @@ class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
         multiplies and adds of a model read activations and per-channel vectors; only a
         splat constant's attribute is read, not every operand's chain."""
         neutral: set[ir.Value] = set()  # 0 or 1 everywhere: a splat constant, moved
-
-        def candidate(op: ir.Operation) -> bool:
+        found: list[ir.Operation] = []
+        for op in ctx.ops(_WALKED):
             name = op.name
             if name == "stablehlo.constant":
                 if _splat_of(op) in (0.0, 1.0):
@@ -160,11 +161,9 @@ class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
             elif name in _PASS_THROUGH:
                 if op.operands[0] in neutral:
                     neutral.add(op.result)
-            elif name in _NEUTRAL:
-                return any(v in neutral for v in op.operands)
-            return False
-
-        return ctx.collect(candidate)
+            elif any(v in neutral for v in op.operands):
+                found.append(op)
+        return found
 
     def match(self, ctx: Context, root: ir.Operation) -> Identity | None:
         neutral, positions = _NEUTRAL[root.name]

@@ -430,7 +430,7 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
 
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
-        return ctx.collect(lambda op: op.name in ROOT_OPS)
+        return ctx.ops(ROOT_OPS)
 
     def match(self, ctx: Context, root: ir.Operation) -> Match | None:
         if ctx.rewriter.is_replaced(root) or ctx.ledger.is_folded(root):
@@ -520,6 +520,11 @@ class FoldScale(Pattern[ir.Operation, Match, Plan]):
         if not (ctx.body_ops(callee) & {*PRODUCERS, "func.call"}):
             return False  # nothing in it a scale could go into
         return any(_forward_to_scale(result, analysis) for result in call.results)
+
+
+    def may_inline(self, ctx: Context, callee: ir.Operation) -> bool:
+        """A helper with a scale or a weight's layer inside, or a call."""
+        return bool(ctx.body_ops(callee) & {*ROOT_OPS, *PRODUCERS, "func.call"})
 
 
 def _rebuild_readers(rewriter: Rewriter, edit: Edit) -> ir.Operation:

@@ -586,6 +586,9 @@ class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
                 return True
         return False
 
+    def may_inline(self, ctx: Context, callee: ir.Operation) -> bool:
+        return bool(ctx.body_ops(callee) & {"stablehlo.pad", "func.call"})
+
     def record(self, ctx: Context, plan: Plan, applied: Applied) -> None:
         m = plan.match  # the steps that folded (after a narrowing convert, if one stays)
         fold = ctx.ledger.fold(

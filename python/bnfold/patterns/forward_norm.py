@@ -59,7 +59,7 @@ import numpy as np
 from bnfold import attributes, chains, elements, laws, precision, producers
 from bnfold.analysis import Analysis
 from bnfold.constants import map_axis_through_reshape, per_channel
-from bnfold.graph import callee, callee_name, defining_op, function_name
+from bnfold.graph import callee, callee_name, defining_op, function_name, single_block
 from bnfold.ir import format_location, ir, stablehlo
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.forward_affine import FORWARD_FOLDS
@@ -841,6 +841,22 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
             owner = defining_op(operand)
             if owner is not None and owner.name in _ELEMENTWISE and \
                     _normalizes(operand, analysis=analysis):
+                return True
+        return False
+
+    def may_inline(self, ctx: Context, callee: ir.Operation) -> bool:
+        """A helper that only moves values, has a layer or a call inside, or returns a
+        normalized value (`wants_inline`'s three cases, without the call site)."""
+        body = ctx.body_ops(callee)
+        if body <= _MOVES or body & {*producers.NAMES, "func.call"}:
+            return True
+        block = single_block(callee)
+        if block is None or not body & set(_ELEMENTWISE):
+            return block is None
+        for value in list(block.operations)[-1].operands:
+            owner = defining_op(value)
+            if owner is not None and owner.name in _ELEMENTWISE and \
+                    _normalizes(value, analysis=ctx.analysis):
                 return True
         return False
 

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from bnfold.rewriter import Rewriter
 
 MAX_ROUNDS = 8  # helpers calling helpers calling helpers ...
+_CALL = ("func.call",)
 
 
 class Inline(NamedTuple):
@@ -82,8 +83,9 @@ class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
         for _ in range(MAX_ROUNDS):  # each round reaches one more level of nesting
+            ctx.shared(_Interested).clear()  # an inlined call changed its helper's body
             before = len(ctx.ledger.records().records)
-            yield from [c for c in graph.calls(ctx.functions()) if not ctx.rewriter.is_replaced(c)]
+            yield from [c for c in ctx.ops(_CALL) if not ctx.rewriter.is_replaced(c)]
             if len(ctx.ledger.records().records) == before:
                 return
 
@@ -92,7 +94,7 @@ class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
         if func is None or not is_private(func) or single_block(func) is None or \
                 func == graph.function_of(root) or symbol_name(func) in ctx.options.skip_functions:
             return None
-        if any(p.wants_inline(ctx, root, func) for p in ctx.patterns(after=Stage.PREPARE)):
+        if any(p.wants_inline(ctx, root, func) for p in _interested(ctx, root, func)):
             return Inline(root, func)
         return None
 
@@ -108,6 +110,31 @@ class InlineCalls(Pattern[ir.Operation, Inline, Inline]):
 
     def finish(self, ctx: Context) -> None:
         drop_uncalled(ctx, set(ctx.ledger.records().records))
+
+
+class _Interested(dict[str, list[Pattern]]):
+    """Per helper (by name), the later patterns whose `may_inline` holds for it; cleared
+    at each round (inlining a nested call changes its helper's body)."""
+
+    def __init__(self, ctx: Context) -> None:
+        super().__init__()
+
+
+def _interested(ctx: Context, call: ir.Operation, func: ir.Operation) -> list[Pattern]:
+    """The patterns that may want `call` of `func` inlined (`may_inline`, asked once per
+    helper and round). In checking mode the others are asked too and must not want it."""
+    known = ctx.shared(_Interested)
+    name = symbol_name(func)
+    found = known.get(name)
+    if found is None:
+        found = known[name] = [p for p in ctx.patterns(after=Stage.PREPARE)
+                               if p.may_inline(ctx, func)]
+    if ctx.checking:
+        for p in ctx.patterns(after=Stage.PREPARE):
+            if p not in found and p.wants_inline(ctx, call, func):
+                raise AssertionError(f"{type(p).__name__}.may_inline(@{name}) is False, but "
+                                     f"it wants the call at {call.location} inlined")
+    return found
 
 
 class CallSite(NamedTuple):
