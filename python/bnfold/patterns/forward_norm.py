@@ -64,7 +64,14 @@ from bnfold.ir import format_location, ir, stablehlo
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.forward_affine import FORWARD_FOLDS
 from bnfold.patterns.inline_calls import CallSite, behind_calls
-from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
+from bnfold.patterns.rewrite import (
+    Copy,
+    KernelRewrite,
+    bias_add,
+    copy_cost,
+    plan_kernel,
+    record_copy,
+)
 from bnfold.refusal import Code, Refusal
 from bnfold.report import Fold
 from bnfold.through import shift_through
@@ -553,6 +560,7 @@ class Plan(NamedTuple):
     match: Match
     folds: tuple[Folded, ...]
     norm: ir.Operation  # the op the decision is recorded under (`norm_op`)
+    copy: Copy | None = None  # kernels another op also reads (a tied LM head): copied
 
 
 def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
@@ -807,7 +815,18 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
         return found
 
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal | None:
-        return plan(match, ctx.analysis)
+        found = plan(match, ctx.analysis)
+        if isinstance(found, Refusal):
+            return found
+        # a layer whose kernel another op also reads (an LM head tied to the embedding
+        # table that a gather reads) gets a new constant beside the old: say what it costs
+        layers = [c.producer for c in match.layers]
+        copies = [c for f in found.folds
+                  if (c := copy_cost(f.kernel, layers, ctx.analysis)) is not None]
+        if not copies:
+            return found
+        return found._replace(copy=Copy(sum(c.bytes for c in copies), tuple(dict.fromkeys(
+            r for c in copies for r in c.readers))))
 
     def refuse(self, ctx: Context, subject: ir.Operation | Match, refusal: Refusal) -> None:
         if isinstance(subject, Match):
@@ -860,6 +879,7 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
             note=(f"folded into {len(applied.producers)} linear layers" +
                   (f" (also {', '.join(others)})" if others else "")))
         ledger.fold(fold, m.form.consumed, producer=first)
+        record_copy(fold, plan.copy)
         for other in applied.producers[1:]:
             ledger.fold_carried_by(fold, other)
         for producer in applied.producers:

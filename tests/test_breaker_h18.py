@@ -1,0 +1,191 @@
+"""Breaker h18: cases written from docs/folding.md (drop-identity, kernel constants shared
+with another op), docs/precision.md (rules 8 and 10: fold-scale, a table tied to the LM
+head) and docs/report.md ("removed identities", "a copied weight") that bnfold got wrong,
+each judged against XLA CPU, a float64 numpy evaluation of the original's math, or the
+bytes of the constants the two modules hold.
+
+- A complex constant read by a multiply or add (Llama's complex RoPE `xq * freqs_cis`,
+  FFT layers) crashed drop-identity (`TypeError` from the attribute cast): an internal
+  error, no output. Fixed: a complex constant is never an identity (`x * (1 + 0j)` is not
+  x: `inf * 0` is NaN).
+- forward-norm folding a final norm into a tied LM head (a table a gather also reads) and
+  another layer wrote a new head beside the table, doubling it, with no `shared_weight`
+  in its record and no "copied" in the summary (docs/report.md: "a fold whose kernel
+  nothing else reads has no shared_weight"). Fixed: forward-norm records the copy as
+  forward-affine and backward-affine do.
+- A table returned by a private function that is called twice (once for the gather, once
+  for the tied head) is split by inline-calls: each fold then writes its own table and
+  the module grows from one table to two or three with no copy in the report
+  (xfail: the inlining, not the fold, makes the copy).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import bnfold
+from numerics import check_close, relative_error, run_xla
+
+jax = pytest.importorskip("jax")
+jnp = jax.numpy
+
+_SIZES = {"f32": 4, "bf16": 2, "f16": 2}
+
+
+def _constant_bytes(text: str, shape: str = r"[0-9x]+") -> int:
+    """Bytes of every float constant of more than one element the module text holds (of
+    `shape`, written `64x32`, where given)."""
+    total = 0
+    for m in re.finditer(rf"stablehlo\.constant dense<[^\n]*> : tensor<({shape})x(f32|bf16|f16)>",
+                         text):
+        total += int(np.prod([int(d) for d in m.group(1).split("x")])) * _SIZES[m.group(2)]
+    return total
+
+
+def _bitwise_same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and \
+        np.array_equal(a.view(np.uint8), b.view(np.uint8))
+
+
+# --- a complex constant ---------------------------------------------------------------
+
+_COMPLEX = """
+func.func @main(%x: tensor<4xcomplex<f32>>) -> tensor<4xcomplex<f32>> {
+  %c = stablehlo.constant dense<(RE, IM)> : tensor<4xcomplex<f32>>
+  %r = stablehlo.OP %x, %c : tensor<4xcomplex<f32>>
+  return %r : tensor<4xcomplex<f32>>
+}"""
+
+
+@pytest.mark.parametrize("op, re_, im", [("multiply", "1.0", "0.0"), ("multiply", "1.0", "2.0"),
+                                         ("add", "0.0", "0.0"), ("add", "0.0", "3.0"),
+                                         ("subtract", "0.0", "-1.0")])
+def test_complex_constant_is_not_an_identity(op: str, re_: str, im: str) -> None:
+    """Each folds without an internal error and computes what XLA computes on the original,
+    inf and NaN included (`(inf + 0j) * (1 + 0j)` is `inf + nan j` on XLA, not x)."""
+    text = _COMPLEX.replace("OP", op).replace("RE", re_).replace("IM", im)
+    folded, _ = bnfold.fold_text(text)
+    x = np.array([1 + 2j, -0.0 - 0.0j, np.inf + 0j, np.nan + 1j], np.complex64)
+    original, output = run_xla(text, [x]), run_xla(folded, [x])
+    assert _bitwise_same(output[0], original[0]), (output, original)
+
+
+# --- forward-norm into a tied LM head --------------------------------------------------
+
+V, D, N = 16, 8, 4
+
+
+def _dense(a: np.ndarray) -> str:
+    def rec(x: np.ndarray) -> str:
+        return repr(float(x)) if x.ndim == 0 else "[" + ", ".join(rec(y) for y in x) + "]"
+    return f"dense<{rec(np.asarray(a, np.float32))}>"
+
+
+def _tied_head(second_layer: bool, seed: int = 0):
+    """An RMSNorm over embedding rows whose output an LM head tied to the table reads
+    (and, with `second_layer`, a second dense layer: a value head); the float64 math."""
+    rng = np.random.default_rng(seed)
+    table = rng.standard_normal((V, D)).astype(np.float32)
+    w2 = (rng.standard_normal((D, 3)) / np.sqrt(D)).astype(np.float32)
+    g = (1 + 0.1 * rng.standard_normal(D)).astype(np.float32)
+    results = f"tensor<{N}x{V}xf32>" + (f", tensor<{N}x3xf32>" if second_layer else "")
+    second = (f"  %o2 = stablehlo.dot_general %y, %W2, contracting_dims = [1] x [0] : "
+              f"(tensor<{N}x{D}xf32>, tensor<{D}x3xf32>) -> tensor<{N}x3xf32>\n"
+              f"  return %logits, %o2 : {results}") if second_layer else \
+        f"  return %logits : {results}"
+    text = f"""
+func.func @main(%ids: tensor<{N}xi32>) -> ({results}) {{
+  %T = stablehlo.constant {_dense(table)} : tensor<{V}x{D}xf32>
+  %W2 = stablehlo.constant {_dense(w2)} : tensor<{D}x3xf32>
+  %g = stablehlo.constant {_dense(g)} : tensor<{D}xf32>
+  %i = stablehlo.reshape %ids : (tensor<{N}xi32>) -> tensor<{N}x1xi32>
+  %h = "stablehlo.gather"(%T, %i) <{{dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = array<i64: 1, {D}>}}> : (tensor<{V}x{D}xf32>, tensor<{N}x1xi32>) -> tensor<{N}x{D}xf32>
+  %sq = stablehlo.multiply %h, %h : tensor<{N}x{D}xf32>
+  %z = stablehlo.constant dense<0.0> : tensor<f32>
+  %s = stablehlo.reduce(%sq init: %z) applies stablehlo.add across dimensions = [1] : (tensor<{N}x{D}xf32>, tensor<f32>) -> tensor<{N}xf32>
+  %n = stablehlo.constant dense<{float(D)}> : tensor<{N}xf32>
+  %m = stablehlo.divide %s, %n : tensor<{N}xf32>
+  %e = stablehlo.constant dense<1.0e-6> : tensor<{N}xf32>
+  %me = stablehlo.add %m, %e : tensor<{N}xf32>
+  %r = stablehlo.rsqrt %me : tensor<{N}xf32>
+  %rb = stablehlo.broadcast_in_dim %r, dims = [0] : (tensor<{N}xf32>) -> tensor<{N}x{D}xf32>
+  %hn = stablehlo.multiply %h, %rb : tensor<{N}x{D}xf32>
+  %gb = stablehlo.broadcast_in_dim %g, dims = [1] : (tensor<{D}xf32>) -> tensor<{N}x{D}xf32>
+  %y = stablehlo.multiply %hn, %gb : tensor<{N}x{D}xf32>
+  %logits = stablehlo.dot_general %y, %T, contracting_dims = [1] x [1] : (tensor<{N}x{D}xf32>, tensor<{V}x{D}xf32>) -> tensor<{N}x{V}xf32>
+{second}
+}}"""
+
+    def reference(ids: np.ndarray) -> list[np.ndarray]:
+        t = table.astype(np.float64)
+        h = t[ids]
+        y = h / np.sqrt((h * h).sum(1, keepdims=True) / D + 1e-6) * g.astype(np.float64)
+        return [y @ t.T, y @ w2.astype(np.float64)] if second_layer else [y @ t.T]
+    return text, reference
+
+
+@pytest.mark.parametrize("second_layer", [False, True])
+def test_tied_head_copy_is_reported(second_layer: bool) -> None:
+    """Whichever pattern folds the final norm into the tied head, the folded module holds
+    more constant bytes than the original only where the report says so: the grown bytes
+    are the copies' `copied_bytes`. And the numbers hold against float64."""
+    text, reference = _tied_head(second_layer)
+    folded, report = bnfold.fold_text(text)
+    folds = report.to_json()["folds"]
+    assert folds, report.summary()  # something folded into the head
+    grown = _constant_bytes(folded, f"{V}x{D}") - _constant_bytes(text, f"{V}x{D}")
+    table_bytes = V * D * 4
+    assert grown >= table_bytes  # the head is a new constant beside the table (measured)
+    copied = sum(f.get("shared_weight", {}).get("copied_bytes", 0) for f in folds)
+    assert copied == table_bytes, (copied, grown, folds)
+    assert "copied 1 shared weight" in report.summary()
+    worst_o = worst_f = 0.0
+    for seed in range(4):
+        ids = np.random.default_rng(seed).integers(0, V, N).astype(np.int32)
+        original, output = run_xla(text, [ids]), run_xla(folded, [ids])
+        check_close(output, original)
+        for o, f, r in zip(original, output, reference(ids), strict=True):
+            worst_o, worst_f = max(worst_o, relative_error(o, r)), max(worst_f, relative_error(f, r))
+    assert worst_f <= 1.5 * worst_o + float(np.finfo(np.float32).eps), (worst_o, worst_f)
+
+
+# --- a table behind a private function called twice ------------------------------------
+
+def _table_behind_call() -> tuple[str, np.ndarray]:
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((64, 32)).astype(np.float32)
+    w = (rng.standard_normal(32) * 0.1).astype(np.float32)
+    scale = np.float32(np.sqrt(32))
+
+    @jax.jit
+    def get_table():  # a helper returning the weight (jax emits a private function)
+        return jnp.asarray(table) * 2.0
+
+    def rms(h):
+        h = h * jax.lax.rsqrt(jnp.mean(h * h, -1, keepdims=True) + 1e-6)
+        return h * (1 + w)
+
+    def f(ids):
+        return jnp.einsum("bd,vd->bv", rms(jnp.take(get_table(), ids, 0) * scale), get_table())
+
+    return jax.jit(f).lower(jnp.zeros(8, jnp.int32)).as_text(), table
+
+
+@pytest.mark.xfail(strict=True, reason="inline-calls gives each call of a helper that returns "
+                   "the tied table its own copy of the constant; the folds into either copy "
+                   "then grow the module with no shared_weight record (h18)")
+@pytest.mark.parametrize("disable", [(), ("forward-affine", "backward-affine")])
+def test_table_behind_a_call_twice(disable: tuple[str, ...]) -> None:
+    """The original holds one 64x32 table (in the helper); the folded module holds no more
+    table bytes than the original unless the report names the copies."""
+    text, table = _table_behind_call()
+    folded, report = bnfold.fold_text(text, bnfold.FoldOptions(disable=list(disable)))
+    ids = np.arange(8, dtype=np.int32) * 7
+    check_close(run_xla(folded, [ids]), run_xla(text, [ids]))
+    grown = _constant_bytes(folded, "64x32") - _constant_bytes(text, "64x32")
+    copied = sum(f.get("shared_weight", {}).get("copied_bytes", 0)
+                 for f in report.to_json()["folds"])
+    assert grown <= copied, (grown, copied, report.summary())
