@@ -206,7 +206,7 @@ def fingerprint(module: ir.Module) -> Fingerprint:
         try:
             named = tuple((n, attributes[n]) for n in attributes)
         except TypeError:  # an attribute the bindings cannot cast (complex elements)
-            named = (("<asm>", ir.StringAttr.get(op.get_asm(enable_debug_info=False))),)
+            named = (("<asm>", ir.StringAttr.get(str(op.get_asm(enable_debug_info=False)))),)
         found.append((op_id(op), op.name, named, tuple(op.operands)))
         return ir.WalkResult.ADVANCE
 
