@@ -19,6 +19,12 @@ bytes of the constants the two modules hold.
   search for a factor to take 1 / c walked back into the same table and tried to keep it
   again. Fixed: the head's side keeps no table of its own (the first case now folds: c into
   the table, 1 / c into g; the second is refused `shared-weight`).
+- An f16 embedding scale above 1 (`jnp.take(table, ids) * sqrt(d)`, jnp's take: a gather
+  then a `select` for its NaN fill) stayed in the module with no report entry at all
+  (rule 8 promises `range`): the walk met the f16 gather result before the table, returned
+  `range` there, and a refusal before the walk reached a weight counts as "no weight
+  behind it" (silent). Fixed: the `range` refusal is kept and given once the walk reaches a
+  weight.
 - A table returned by a private function that is called twice (once for the gather, once
   for the tied head) is split by inline-calls: each fold then writes its own table and
   the module grows from one table to two or three with no copy in the report
@@ -243,3 +249,48 @@ def test_tied_head_reads_the_scaled_embedding(factor: bool, disable: tuple[str, 
         worst_o = max(worst_o, relative_error(original[0], reference))
         worst_f = max(worst_f, relative_error(output[0], reference))
     assert worst_f <= 1.5 * worst_o + float(np.finfo(np.float32).eps), (worst_o, worst_f)
+
+
+# --- an f16 embedding scale above 1 --------------------------------------------------------
+
+def _f16_embedding(scale: float, tied: bool) -> tuple[str, str]:
+    """`tanh(take(table, ids) * scale) * g @ head` in f16 (jnp's take: gather, then a
+    select for the NaN fill), and the location of the scale's multiply."""
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((64, 32)).astype(np.float16)
+    head = table if tied else rng.standard_normal((64, 32)).astype(np.float16)
+    g = (1 + 0.1 * rng.standard_normal(32)).astype(np.float16)
+
+    def f(ids):
+        h = jnp.tanh(jnp.take(table, ids, 0) * jnp.asarray(scale, jnp.float16)) * g
+        return jnp.einsum("bd,vd->bv", h, head)
+
+    text = jax.jit(f).lower(jnp.zeros(8, jnp.int32)).as_text()
+    lines = text.splitlines()
+
+    def defined(pattern: str) -> tuple[int, str]:
+        [(n, name)] = [(n, l.split("=")[0].strip()) for n, l in enumerate(lines, 1)
+                       if re.search(pattern, l)]
+        return n, name
+
+    _, c = defined(r"stablehlo\.constant dense<[0-9.e+]+> : tensor<f16>")
+    _, cb = defined(rf"broadcast_in_dim {c},")
+    n, _ = defined(rf"stablehlo\.multiply %\w+, {cb}\b")
+    return text, f"<input>:{n}:"
+
+
+@pytest.mark.parametrize("tied", [False, True])
+@pytest.mark.parametrize("scale", [8.0, 5.65685])
+def test_f16_embedding_scale_gets_a_decision(scale: float, tied: bool) -> None:
+    """Where the scale's multiply is still in the folded module (measured in its text), the
+    report names it, with a reason (docs/precision.md rule 8: `range`)."""
+    text, where = _f16_embedding(scale, tied)
+    options = bnfold.FoldOptions(disable=["forward-affine", "backward-affine"])
+    folded, report = bnfold.fold_text(text, options)
+    value = re.escape(f"{float(np.float16(scale)):.6e}")
+    assert re.search(rf"stablehlo\.constant dense<{value}> : tensor<f16>", folded), \
+        "the scale was folded: nothing to check"
+    entries = report.to_json()["skipped"] + report.to_json()["folds"]
+    named = [e for e in entries if e.get("op", "").startswith(where) or
+             e.get("norm", "").startswith(where)]
+    assert named, (where, report.summary(), entries)

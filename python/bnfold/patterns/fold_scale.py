@@ -141,6 +141,9 @@ class _Walk:
     # a head's side of a tied table (1 / c) keeps no table of its own: a head reading the
     # scaled embedding itself would otherwise walk back into the same table, endlessly
     keeps_tables: bool = True
+    # the scale would grow an f16 value the original never scaled: refused once the walk
+    # reaches a weight (a scale with none behind it stays silent, as any other)
+    grows: Refusal | None = None
 
     def handle(self, op: ir.Operation) -> Handle:
         return self.ctx.rewriter.handle(op)
@@ -169,6 +172,8 @@ class _Walk:
                                                "unscaled; scaling it would change that op")
         if not any(e.terminal for e in self.edits):
             return Refusal(Code.NO_PRODUCER, "no weight on the way")
+        if self.grows is not None:
+            return self.grows
         return Plan(self.match, tuple(self.edits), tuple(self.crossed))
 
     def visit(self, value: ir.Value, user: ir.Operation, mask: laws.Mask | None = None
@@ -191,9 +196,10 @@ class _Walk:
             return _narrower(value, dtype, self.match.compute)
         if abs(self.match.scale) > 1 and dtype == np.float16 and \
                 value != self.match.root.operands[self.match.operand]:
-            return Refusal(Code.RANGE, f"the scale {self.match.scale:.6g} would grow {_name(value)}"
-                                       ", an f16 value the original never scaled, past what it "
-                                       "held (f16 overflows at 65504)")
+            self.grows = self.grows or Refusal(
+                Code.RANGE, f"the scale {self.match.scale:.6g} would grow {_name(value)}, an "
+                            f"f16 value the original never scaled, past what it held (f16 "
+                            f"overflows at 65504)")
         analysis = self.ctx.analysis
         for other in analysis.live_users(value):
             if other != user and other != self.match.root and \
