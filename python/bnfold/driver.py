@@ -232,8 +232,11 @@ def fingerprint(module: ir.Module) -> Fingerprint:
     def visit(op: ir.Operation) -> ir.WalkResult:
         op = op.operation
         attributes = op.attributes
-        found.append((op_id(op), op.name,
-                       tuple((n, attributes[n]) for n in attributes), tuple(op.operands)))
+        try:
+            named = tuple((n, attributes[n]) for n in attributes)
+        except TypeError:  # an attribute the bindings cannot cast (complex elements)
+            named = (("<asm>", ir.StringAttr.get(str(op.get_asm(enable_debug_info=False)))),)
+        found.append((op_id(op), op.name, named, tuple(op.operands)))
         return ir.WalkResult.ADVANCE
 
     module.operation.walk(visit)

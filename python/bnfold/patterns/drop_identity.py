@@ -136,6 +136,8 @@ def _splat_of(constant: ir.Operation) -> float | None:
         attr = ir.DenseElementsAttr(constant.attributes["value"])
     except ValueError:  # dense_resource and other forms: not a splat written inline
         return None
+    except TypeError:  # complex elements: `x * (1 + 0j)` is not x (inf * 0 is NaN)
+        return None
     if not attr.is_splat:
         return None
     found = getattr(attr.get_splat_value(), "value", None)

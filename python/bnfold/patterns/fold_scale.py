@@ -138,6 +138,12 @@ class _Walk:
     edits: list[Edit] = field(default_factory=list)
     crossed: list[str] = field(default_factory=list)
     reached: bool = False  # a linear producer or a gather
+    # a head's side of a tied table (1 / c) keeps no table of its own: a head reading the
+    # scaled embedding itself would otherwise walk back into the same table, endlessly
+    keeps_tables: bool = True
+    # the scale would grow an f16 value the original never scaled: refused once the walk
+    # reaches a weight (a scale with none behind it stays silent, as any other)
+    grows: Refusal | None = None
 
     def handle(self, op: ir.Operation) -> Handle:
         return self.ctx.rewriter.handle(op)
@@ -166,6 +172,8 @@ class _Walk:
                                                "unscaled; scaling it would change that op")
         if not any(e.terminal for e in self.edits):
             return Refusal(Code.NO_PRODUCER, "no weight on the way")
+        if self.grows is not None:
+            return self.grows
         return Plan(self.match, tuple(self.edits), tuple(self.crossed))
 
     def visit(self, value: ir.Value, user: ir.Operation, mask: laws.Mask | None = None
@@ -188,9 +196,10 @@ class _Walk:
             return _narrower(value, dtype, self.match.compute)
         if abs(self.match.scale) > 1 and dtype == np.float16 and \
                 value != self.match.root.operands[self.match.operand]:
-            return Refusal(Code.RANGE, f"the scale {self.match.scale:.6g} would grow {_name(value)}"
-                                       ", an f16 value the original never scaled, past what it "
-                                       "held (f16 overflows at 65504)")
+            self.grows = self.grows or Refusal(
+                Code.RANGE, f"the scale {self.match.scale:.6g} would grow {_name(value)}, an "
+                            f"f16 value the original never scaled, past what it held (f16 "
+                            f"overflows at 65504)")
         analysis = self.ctx.analysis
         for other in analysis.live_users(value):
             if other != user and other != self.match.root and \
@@ -308,7 +317,8 @@ class _Walk:
             compute = elements.float_dtype(head.operands[act])
             if compute is None:
                 return "the LM head's input is not a float tensor"
-            found = _search(ctx, Match(head, act, 1.0 / self.match.scale, compute), apart)
+            found = _search(ctx, Match(head, act, 1.0 / self.match.scale, compute), apart,
+                            keeps_tables=False)
             if found is None:
                 return "no constant factor before the LM head takes 1 / scale"
             if isinstance(found, Refusal):
@@ -386,7 +396,8 @@ class _Walk:
         others = [u for u in analysis.live_users(value) if u != target]
         role = _role(reader, way)
         kept = None
-        if others and way.terminal and mask is None and reader.name == "stablehlo.gather":
+        if others and way.terminal and mask is None and reader.name == "stablehlo.gather" \
+                and self.keeps_tables:
             kept = self.keep_one_table(reader, value, others)
             if kept is None:
                 return None
@@ -544,7 +555,8 @@ def _rebuild_readers(rewriter: Rewriter, edit: Edit) -> ir.Operation:
 
 
 def _search(ctx: Context, match: Match,
-            accept: Callable[[_Walk], Refusal | None] | None = None) -> Plan | Refusal | None:
+            accept: Callable[[_Walk], Refusal | None] | None = None, *,
+            keeps_tables: bool = True) -> Plan | Refusal | None:
     """The first region that closes, trying each choice of ways in turn (at most
     MAX_ATTEMPTS); `accept` may refuse a closed one. The refusal that tells most when none
     closes; None when no way reached a weight."""
@@ -553,7 +565,7 @@ def _search(ctx: Context, match: Match,
     refusals: list[tuple[Refusal, int]] = []  # each way's refusal, and how far it got
     reached = False
     for _ in range(MAX_ATTEMPTS):
-        walk = _Walk(ctx, match, policy, reaches)
+        walk = _Walk(ctx, match, policy, reaches, keeps_tables=keeps_tables)
         result = walk.run()
         reached = reached or walk.reached
         if not refused(result) and accept is not None:

@@ -64,7 +64,14 @@ from bnfold.ir import format_location, ir, stablehlo
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.forward_affine import FORWARD_FOLDS
 from bnfold.patterns.inline_calls import CallSite, behind_calls
-from bnfold.patterns.rewrite import KernelRewrite, bias_add, plan_kernel
+from bnfold.patterns.rewrite import (
+    Copy,
+    KernelRewrite,
+    bias_add,
+    copy_cost,
+    plan_kernel,
+    record_copy,
+)
 from bnfold.refusal import Code, Refusal
 from bnfold.report import Fold
 from bnfold.through import shift_through
@@ -553,6 +560,7 @@ class Plan(NamedTuple):
     match: Match
     folds: tuple[Folded, ...]
     norm: ir.Operation  # the op the decision is recorded under (`norm_op`)
+    copy: Copy | None = None  # kernels another op also reads (a tied LM head): copied
 
 
 def find(root: ir.Operation, analysis: Analysis) -> Match | Refusal | None:
@@ -730,12 +738,16 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
         return copies[v]
 
     built: list[ir.Operation] = []
+    kernels: list[tuple[KernelRewrite, ir.Value]] = []  # each new kernel, once
     for f in p.folds:
         c = f.consumer
         current = copy(c.path[-1].results[0]) if c.path else value
         op = c.producer
         with ir.InsertionPoint(op):
-            kernel_value = f.kernel.build(op.location)
+            # two layers that read one weight (a layer applied twice) share its new kernel
+            kernel_value = next((v for k, v in kernels if _same_kernel(k, f.kernel) and
+                                 _dominates(v, op)), None) or f.kernel.build(op.location)
+            kernels.append((f.kernel, kernel_value))
             folded = rewriter.clone(op, {f.kernel.operand: kernel_value, c.act_index: current})
         if f.bias is None:
             rewriter.replace_op(op, [folded.results[0]], successor=folded)
@@ -745,6 +757,35 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
             rewriter.replace_op(op, [replacement], successor=folded)
         built.append(folded)
     return Applied(p.norm, tuple(built))
+
+
+def _same_kernel(a: KernelRewrite, b: KernelRewrite) -> bool:
+    """Whether two new kernels replace one constant with the same rounded values."""
+    return a.kernel.value == b.kernel.value and a.kernel.convert == b.kernel.convert and \
+        a.rounded.splat == b.rounded.splat and np.array_equal(a.rounded.values, b.rounded.values)
+
+
+def _dominates(value: ir.Value, op: ir.Operation) -> bool:
+    """Whether `value` (a new kernel: a constant, maybe converted) is defined before `op`,
+    moving its ops right before `op` when both are in `op`'s block and `op` comes first;
+    False (build another) anywhere else."""
+    owner = defining_op(value)
+    if owner is None or owner.block != op.block:
+        return False
+    chain = [owner]
+    if owner.name == "stablehlo.convert":
+        source = defining_op(owner.operands[0])
+        if source is None or source.block != op.block:
+            return False
+        chain.insert(0, source)
+    for current in op.block.operations:
+        if current == owner:
+            return True
+        if current == op:
+            for built in chain:  # constants only: nothing they read is left behind
+                built.move_before(op)
+            return True
+    return False
 
 
 def norm_op(form: Form, analysis: Analysis | None = None) -> ir.Operation:
@@ -807,7 +848,19 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
         return found
 
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal | None:
-        return plan(match, ctx.analysis)
+        found = plan(match, ctx.analysis)
+        if isinstance(found, Refusal):
+            return found
+        # a layer whose kernel another op also reads (an LM head tied to the embedding
+        # table that a gather reads) gets a new constant beside the old: say what it costs
+        layers = [c.producer for c in match.layers]
+        distinct = [f.kernel for i, f in enumerate(found.folds)  # a shared one is built once
+                    if not any(_same_kernel(e.kernel, f.kernel) for e in found.folds[:i])]
+        copies = [c for k in distinct if (c := copy_cost(k, layers, ctx.analysis)) is not None]
+        if not copies:
+            return found
+        return found._replace(copy=Copy(sum(c.bytes for c in copies), tuple(dict.fromkeys(
+            r for c in copies for r in c.readers))))
 
     def refuse(self, ctx: Context, subject: ir.Operation | Match, refusal: Refusal) -> None:
         if isinstance(subject, Match):
@@ -876,6 +929,7 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
             note=(f"folded into {len(applied.producers)} linear layers" +
                   (f" (also {', '.join(others)})" if others else "")))
         ledger.fold(fold, m.form.consumed, producer=first)
+        record_copy(fold, plan.copy)
         for other in applied.producers[1:]:
             ledger.fold_carried_by(fold, other)
         for producer in applied.producers:
