@@ -331,3 +331,31 @@ def test_norm_into_two_layers_sharing_a_weight_keeps_one_weight(tied: bool) -> N
                  for f in report.to_json()["folds"])
     assert grown <= copied, (grown, copied, report.summary())
     assert copied <= grown, (grown, copied, report.summary())  # each copy counted once
+
+
+INF_SCALE = """
+func.func @main(%x: tensor<2x4xf32>) -> tensor<2x3xf32> {
+  %w = stablehlo.constant dense<[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0], [1.0, 1.0, 1.0]]> : tensor<4x3xf32>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x4xf32>, tensor<4x3xf32>) -> tensor<2x3xf32>
+  %c = stablehlo.constant dense<SCALE> : tensor<f32>
+  %cb = stablehlo.broadcast_in_dim %c, dims = [] : (tensor<f32>) -> tensor<2x3xf32>
+  %z = stablehlo.multiply %y, %cb : tensor<2x3xf32>
+  return %z : tensor<2x3xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("scale", ["0x7F800000", "0xFF800000", "0x7FC00000"])
+def test_non_finite_scale_is_refused_without_a_warning(scale: str) -> None:
+    """`x @ W * inf` (or -inf, NaN): the multiply stays, refused as not finite, and nothing
+    is printed on stderr (numpy's `0 * inf` RuntimeWarning escaped before: h18)."""
+    import warnings
+
+    text = INF_SCALE.replace("SCALE", scale)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        folded, report = bnfold.fold_text(text)
+    assert [s.code for s in report.skipped] == ["precision"], [s.to_json() for s in report.skipped]
+    assert "stablehlo.multiply" in folded and not report.folds
+    x = np.arange(8, dtype=np.float32).reshape(2, 4) - 3.5
+    np.testing.assert_array_equal(run_xla(folded, [x])[0], run_xla(text, [x])[0])

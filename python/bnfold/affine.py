@@ -209,6 +209,9 @@ def apply(affine: Affine, step: Step, evaluator: Evaluator) -> Affine | Refusal:
             return replace(affine, scale=s, shift=t - c)
         return replace(affine, scale=-s, shift=c - t)
     if name == "stablehlo.multiply":
+        if not np.isfinite(c).all():  # `0 * inf` is NaN: refused as not finite, not a warning
+            with np.errstate(invalid="ignore"):
+                return replace(affine, scale=s * c, shift=t * c)
         return replace(affine, scale=s * c, shift=t * c)
     if name == "stablehlo.divide":
         if np.any(c == 0):
