@@ -190,9 +190,10 @@ def _table_behind_call() -> tuple[str, np.ndarray]:
     return jax.jit(f).lower(jnp.zeros(8, jnp.int32)).as_text(), table
 
 
-@pytest.mark.xfail(strict=True, reason="inline-calls gives each call of a helper that returns "
-                   "the tied table its own copy of the constant; the folds into either copy "
-                   "then grow the module with no shared_weight record (h18)")
+@pytest.mark.xfail(strict=True, reason="inline-calls inlines only the gather's call of the "
+                   "helper that returns the tied table; the fold into that clone of the "
+                   "constant sees no tie (the head reads the original through the other "
+                   "call) and grows the module with no shared_weight record (h18)")
 @pytest.mark.parametrize("disable", [(), ("forward-affine", "backward-affine")])
 def test_table_behind_a_call_twice(disable: tuple[str, ...]) -> None:
     """The original holds one 64x32 table (in the helper); the folded module holds no more
