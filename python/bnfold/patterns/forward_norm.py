@@ -904,8 +904,10 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
         if body <= _MOVES or body & {*producers.NAMES, "func.call"}:
             return True
         block = single_block(callee)
-        if block is None or not body & set(_ELEMENTWISE):
-            return block is None
+        if block is None:
+            return True  # not a body to judge here: wants_inline decides
+        if not body & set(_ELEMENTWISE):
+            return False
         for value in list(block.operations)[-1].operands:
             owner = defining_op(value)
             if owner is not None and owner.name in _ELEMENTWISE and \
