@@ -95,6 +95,7 @@ import traceback
 from collections import Counter
 from dataclasses import dataclass, field
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, assume, event, find, given, settings
@@ -438,7 +439,8 @@ def _check_weights(out: str, floating: str, option: str) -> list[Failure]:
         if np.array_equal(q64, w64):
             continue  # not quantized (the report says why)
         axes = range(w64.ndim) if per_channel else [None]
-        worst = min(_steps_off(q64, w64, axis, bits) for axis in axes)
+        tiny = float(ml_dtypes.finfo(np.asarray(q).dtype).smallest_subnormal)
+        worst = min(_steps_off(q64, w64, axis, bits, tiny) for axis in axes)
         if not worst <= 1.0:
             failures.append(Failure("integers", option, f"kernel {i} ({q.dtype} {q.shape}): a weight is "
                                                         f"{worst:.3g} x (half a step + the roundings) "
@@ -446,14 +448,16 @@ def _check_weights(out: str, floating: str, option: str) -> list[Failure]:
     return failures
 
 
-def _steps_off(q: np.ndarray, w: np.ndarray, axis: int | None, bits: int) -> float:
+def _steps_off(q: np.ndarray, w: np.ndarray, axis: int | None, bits: int, tiny: float) -> float:
     """max |q - w| / bound, with bound = half a step (the scale as the type rounds it, up to two
-    values up) plus half an ulp of the type at |q|; per slice along `axis`, or per tensor."""
+    values up) plus half an ulp of the type at |q|; per slice along `axis`, or per tensor.
+    Below the type's smallest normal the ulp is `tiny`, its smallest subnormal (fixed
+    spacing): an f16 weight of 5e-6 rounds to a multiple of 6e-8, not of 2^-28."""
     others = tuple(d for d in range(w.ndim) if d != axis) if axis is not None else None
     top = np.max(np.abs(w), axis=others, keepdims=True) if axis is not None else np.max(np.abs(w))
     step = top / 127 * (1 + 2.0 ** (2 - bits))
     exponent = np.floor(np.log2(np.maximum(np.abs(q), np.finfo(np.float64).tiny)))
-    ulp = 2.0 ** (exponent - (bits - 1))
+    ulp = np.maximum(2.0 ** (exponent - (bits - 1)), tiny)
     bound = step / 2 + ulp / 2
     with np.errstate(divide="ignore", invalid="ignore"):
         ratio = np.where(bound > 0, np.abs(q - w) / bound, np.where(q == w, 0.0, np.inf))
@@ -789,3 +793,17 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def test_the_integer_check_allows_for_subnormal_rounding() -> None:
+    """An f16 weight dequantized below f16's smallest normal rounds to a multiple of 2^-24
+    (seed 7's f16_sum_pool failure: the integer was the nearest one, the check counted an
+    ulp of 2^-28). The same weight 0.5 x 2^-24 further off is still caught."""
+    top, w = 6.6328e-4, -2.6226e-6  # w / step = -0.502: rounds to -1 step
+    step = top / 127
+    q = np.float64(np.float16(-step))  # what the dequantizing program computes
+    kernel_w = np.array([top, w])
+    tiny = float(ml_dtypes.finfo(np.float16).smallest_subnormal)
+    assert _steps_off(np.array([top, q]), kernel_w, None, 11, tiny) <= 1.0
+    assert _steps_off(np.array([top, q]), kernel_w, None, 11, 0.0) > 1.0  # the old bound
+    assert _steps_off(np.array([top, q - tiny]), kernel_w, None, 11, tiny) > 1.0

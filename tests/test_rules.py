@@ -9,8 +9,9 @@ driver's own checking mode (`bnfold.driver.CHECKING`, on in the whole suite: tes
   for `Rewriter.finish`); the rewriter's handles all name ops still in the module;
 * every registered pattern is exercised here (its roots reach `match`, and `apply`);
 * a change planted in any pattern's phase makes the checking mode fail, naming both;
-* `finish` changes the IR only through the rewriter (`Context.ops` keeps one walk of the
-  module between changes, and the checking mode compares it with a fresh one);
+* `finish` changes the IR only through the rewriter, and `apply` builds only the op names
+  its pattern's `builds` declares (`Context.ops` keeps one walk of the module while no op
+  of a name asked for was created, and the checking mode compares it with a fresh one);
 * a pattern's `may_inline` (inline-calls' filter on a helper) holds wherever its
   `wants_inline` does;
 * no state keyed by an op's address survives an erase: MLIR hands a freed address to
@@ -256,6 +257,77 @@ def test_a_change_in_finish_outside_the_rewriter_fails_the_checks(monkeypatch):
     monkeypatch.setattr(type(pattern), "finish", finish)
     with pytest.raises(driver.RuleViolation, match="stale walk"):
         fold(HELPER_CONV, {})
+
+
+def test_an_apply_that_builds_an_op_its_builds_does_not_name_fails_the_checks(monkeypatch):
+    """backward-affine declares what its apply builds (`Pattern.builds`), so later patterns
+    reuse the kept walk; leaving the bias add out of it would hide the add from them."""
+    pattern = _entry("backward-affine").load()
+    monkeypatch.setattr(type(pattern), "builds", pattern.builds - {"stablehlo.add"})
+    with pytest.raises(driver.RuleViolation, match="built stablehlo.add, which its `builds`"):
+        fold(CONV, {})
+
+
+def _context(text: str) -> tuple[ir.Context, driver.Context]:
+    from bnfold.analysis import Analysis
+    from bnfold.ledger import Ledger
+
+    context, module = support.parse(text)
+    rewriter = Rewriter()
+    return context, driver.Context(module, bnfold.FoldOptions(), rewriter,
+                                   Analysis(module, rewriter), Ledger(rewriter, None, None))
+
+
+def _walks(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts `Context.ops`' walks of the module (not the checking mode's own)."""
+    counted: list[int] = []
+    walk = driver.Context._walk
+    monkeypatch.setattr(driver, "CHECKING", False)
+    monkeypatch.setattr(driver.Context, "_walk", lambda self: counted.append(1) or walk(self))
+    return counted
+
+
+def test_the_kept_walk_serves_names_no_apply_created(monkeypatch):
+    """After an apply that built an add (declared), a request for multiplies is served by
+    the kept walk and one for adds walks again and finds the new add."""
+    walks = _walks(monkeypatch)
+    context, ctx = _context(CONV)
+    with context, ir.Location.unknown():
+        (multiply,) = ctx.ops({"stablehlo.multiply"})
+        (add,) = ctx.ops({"stablehlo.add"})
+        with ir.InsertionPoint(add):
+            new = bir.stablehlo.AddOp(add.operands[0], add.operands[1]).operation
+        ctx.changed(frozenset({"stablehlo.add"}))
+        assert ctx.ops({"stablehlo.multiply"}) == [multiply] and len(walks) == 1
+        assert ctx.ops({"stablehlo.add"}) == [new, add] and len(walks) == 2
+        ctx.changed(None)  # an apply that declares nothing
+        ctx.ops({"stablehlo.multiply"})
+        assert len(walks) == 3
+
+
+def test_one_walk_serves_fold_scale_after_the_folds(monkeypatch):
+    """fold-scale's multiplies come from the walk inline-calls made before backward-affine
+    folded (it built only declared ops); with `builds` unknown it walks again."""
+    walks = _walks(monkeypatch)
+    report = fold(CONV, {})
+    assert len(report.folds) == 1 and len(walks) == 1
+    pattern = _entry("backward-affine").load()
+    monkeypatch.setattr(type(pattern), "builds", None)
+    fold(CONV, {})
+    assert len(walks) == 3
+
+
+def test_an_undeclared_op_in_the_kept_walk_fails_the_checks():
+    """An op built without being declared is missing from the kept walk: the checking mode
+    names it, whatever the request asks for."""
+    context, ctx = _context(CONV)
+    with context, ir.Location.unknown():
+        (add,) = ctx.ops({"stablehlo.add"})
+        with ir.InsertionPoint(add):
+            bir.stablehlo.MulOp(add.operands[0], add.operands[1])
+        ctx.changed(frozenset({"stablehlo.add"}))
+        with pytest.raises(driver.RuleViolation, match=r"stablehlo.multiply; Context.ops kept"):
+            ctx.ops({"stablehlo.convolution"})
 
 
 def test_the_checks_are_off_for_users():

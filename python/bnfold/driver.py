@@ -20,7 +20,10 @@ and raises `RuleViolation` naming the pattern and the phase that broke one:
   fingerprint; modules of up to `CHECK_UP_TO` ops);
 * `apply` only creates ops: every op that existed before is still there with its
   attributes, and its operands are the ones it had unless a `Rewriter.replace_op`
-  redirected them; nothing is erased while patterns run;
+  redirected them; nothing is erased while patterns run; what it created are
+  clones (`Rewriter.clone`) or ops of the names its pattern's `builds` declares;
+* the walk `Context.ops` keeps lacks only ops of names created since (compared with a
+  fresh walk on every call, on modules of any size);
 * every op the rewriter has a handle for is still in the module (the handle map
   never points at a freed address).
 """
@@ -71,6 +74,7 @@ class Context:
     _patterns: dict[Stage, tuple[tuple[Entry, ...], list[Pattern]]] = field(default_factory=dict)
     _table: list[tuple[str, ir.Operation]] | None = None  # `ops`' walk, until the IR changes
     _table_version = -1  # the rewriter's version when `_table` was walked
+    _created: set[str] = field(default_factory=set)  # op names created since, not in it
 
     @property
     def checking(self) -> bool:
@@ -86,23 +90,44 @@ class Context:
     def ops(self, names: Container[str]) -> list[ir.Operation]:
         """The ops of `functions()` (nested regions included) named in `names`, in walk
         order (pre-order: a value's definition before its uses). One walk of the module
-        serves every call until the IR changes: the driver drops it after each `apply` (which
-        may create ops), and a change through the rewriter (a `finish` dropping a function)
-        drops it too. Checking mode enforces that only those phases change the IR, and
-        compares the kept walk with a fresh one on every call."""
+        serves every call until the IR changes in a way it cannot see: the walk lacks
+        only the ops created since, and those have known names (a pattern's declared
+        `builds`, the rewriter's `cloned`), so a call naming none of them needs no new
+        walk. An apply that declares nothing, or a dropped function, drops the walk.
+        Replaced ops stay in the IR until `finish`, in the walk as in the module. Checking
+        mode compares the kept walk with a fresh one on every call."""
         table = self._table
-        if table is None or self._table_version != self.rewriter.version:
+        created = self._created
+        created |= self.rewriter.cloned
+        if table is None or self._table_version != self.rewriter.version or \
+                any(name in names for name in created):
             table = self._table = self._walk()
             self._table_version = self.rewriter.version
-        elif self.checking and [(n, op_id(o)) for n, o in table] != \
-                [(n, op_id(o)) for n, o in self._walk()]:
-            raise RuleViolation("bnfold: the IR changed outside a pattern's apply or finish "
-                                "(Context.ops kept a stale walk)")
+            created.clear()
+            self.rewriter.cloned.clear()
+        elif self.checking:
+            self._check_kept(table, created)
         return [op for name, op in table if name in names]
 
-    def changed(self) -> None:
-        """An `apply` ran (it may have created ops): the next `ops` walks the IR again."""
-        self._table = None
+    def changed(self, builds: frozenset[str] | None = None) -> None:
+        """An `apply` ran: it created ops named in `builds` (besides the rewriter's
+        clones); None: it may have created anything, the next `ops` walks again."""
+        if builds is None:
+            self._table = None
+        else:
+            self._created |= builds
+
+    def _check_kept(self, table: list[tuple[str, ir.Operation]], created: set[str]) -> None:
+        """The kept walk is the fresh one less ops of the names created since (checking)."""
+        kept = [op_id(o) for _, o in table]
+        fresh = [(n, op_id(o)) for n, o in self._walk()]
+        known = set(kept)
+        missing = [n for n, o in fresh if o not in known and n not in created]
+        if missing or [o for _, o in fresh if o in known] != kept:
+            raise RuleViolation("bnfold: the IR changed outside a pattern's apply or finish, "
+                                "or an apply built ops its pattern's `builds` does not name "
+                                f"({', '.join(sorted(set(missing))) or 'ops moved or erased'}; "
+                                "Context.ops kept a stale walk)")
 
     def _walk(self) -> list[tuple[str, ir.Operation]]:
         found: list[tuple[str, ir.Operation]] = []
@@ -191,7 +216,7 @@ def run_pattern(ctx: Context, pattern: Pattern, name: str = "") -> None:
         planned = _accepted(ctx, pattern, matched, pattern.plan(ctx, matched))
         if planned is not None:
             applied = pattern.apply(ctx.rewriter, planned)
-            ctx.changed()
+            ctx.changed(pattern.builds)
             pattern.record(ctx, planned, applied)
     pattern.finish(ctx)
 
@@ -269,13 +294,17 @@ class _Checked:
             if planned is None:
                 continue
             redirected = ctx.rewriter.redirects = {}
+            cloned = set(ctx.rewriter.cloned)
+            ctx.rewriter.cloned.clear()
             try:
                 applied = pattern.apply(ctx.rewriter, planned)
             finally:
                 ctx.rewriter.redirects = None
-                ctx.changed()
+                ctx.changed(pattern.builds)
             after = fingerprint(ctx.module)
             self.only_created(before, after, redirected)
+            self.declared(before, after, ctx.rewriter.cloned)
+            ctx.rewriter.cloned |= cloned
             self.handles(after)
             self.counts["apply"] += 1
             pattern.record(ctx, planned, applied)
@@ -316,6 +345,18 @@ class _Checked:
             if found[3] != expected:
                 self.fail("apply", f"it set an operand of {name} by hand (only "
                                    f"Rewriter.replace_op redirects uses)")
+
+    def declared(self, before: Fingerprint, after: Fingerprint, cloned: set[str]) -> None:
+        """Every op `apply` created is a clone or of a name its pattern's `builds` declares."""
+        builds = self.pattern.builds
+        if builds is None:
+            return
+        old = {entry[0] for entry in before}
+        stray = sorted({name for address, name, _, _ in after
+                        if address not in old and name not in builds and name not in cloned})
+        if stray:
+            self.fail("apply", f"it built {', '.join(stray)}, which its `builds` does not name "
+                               "(the walk Context.ops keeps would miss them)")
 
     def handles(self, after: Fingerprint) -> None:
         present = {entry[0] for entry in after}

@@ -102,7 +102,10 @@ class Rewriter:
         self._tombstone_ids: set[int] = set()  # their addresses: `is_replaced` in one lookup
         self._successors: dict[Handle, ir.Operation] = {}
         self.changed_functions: set[str] = set()
-        self.version = 0  # counts the changes made through it (replace, supersede, drop)
+        # Counts the changes to which ops the module's functions hold (a dropped function);
+        # replacing keeps the old op until `finish`, so it is not one.
+        self.version = 0
+        self.cloned: set[str] = set()  # names of the ops `clone` created (nested ones too)
         # While the driver checks a pattern's apply: each result replace_op redirected.
         self.redirects: dict[ir.Value, ir.Value] | None = None
 
@@ -129,15 +132,24 @@ class Rewriter:
 
     # -- building -------------------------------------------------------------
 
-    @staticmethod
-    def clone(op: ir.Operation, operands: dict[int, ir.Value] | None = None) -> ir.Operation:
+    def clone(self, op: ir.Operation, operands: dict[int, ir.Value] | None = None) -> ir.Operation:
         """A copy of `op` right before it (regions included), with some operands replaced.
 
-        The copy is new, so setting its operands changes nothing that exists."""
+        The copy is new, so setting its operands changes nothing that exists. Its name (and
+        those of the ops in its regions) go into `cloned`: the walk `Context.ops` keeps lacks
+        the copy."""
         copy = op.clone(ip=ir.InsertionPoint(op)).operation
         for index, value in (operands or {}).items():
             copy.operands[index] = value
+        if len(copy.regions):
+            copy.walk(self._note_clone)
+        else:
+            self.cloned.add(copy.name)
         return copy
+
+    def _note_clone(self, op: ir.Operation) -> ir.WalkResult:
+        self.cloned.add(op.name)
+        return ir.WalkResult.ADVANCE
 
     # -- changing -------------------------------------------------------------
 
@@ -163,7 +175,6 @@ class Rewriter:
         if name:
             self.changed_functions.add(name)
         after = self.handle(successor) if successor is not None else None
-        self.version += 1
         for listener in self._listeners:
             listener.on_replace(handle, after)
             listener.on_change()
@@ -179,7 +190,6 @@ class Rewriter:
                 with ir.InsertionPoint(query):
                     moved = self.clone(query, {0: successor})
                 self.replace_op(query, list(moved.results), successor=moved)
-        self.version += 1
         for listener in self._listeners:
             listener.on_replace(handle, after)
 

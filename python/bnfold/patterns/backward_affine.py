@@ -44,6 +44,7 @@ from bnfold.ledger import Statistics
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, behind_calls, ops_within
 from bnfold.patterns.rewrite import (
+    BUILDS,
     Copy,
     KernelRewrite,
     bias_add,
@@ -432,6 +433,8 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
 
 class BackwardAffine(Pattern[Chain, Match, Plan]):
     """Folds each affine chain into the producer(s) before it."""
+
+    builds = BUILDS  # the new kernel, the bias add, the replayed layout (`build`)
 
 
     def roots(self, ctx: Context) -> Iterable[Chain]:

@@ -16,6 +16,10 @@ as a value, as ONNX Runtime's SatisfyCondition/Apply):
     may_inline(ctx, callee)
                         a filter on the helper alone, asked once per helper and round:
                         False where no call of it can be one `wants_inline` accepts
+    builds              the op names `apply` creates with builders (`stablehlo.AddOp(...)`);
+                        None (the default): any op, so the driver walks the module again
+                        before the next `Context.ops`. Copies made by `Rewriter.clone`
+                        need no declaring: the rewriter notes them
 
 `match` and `plan` read the IR and the analysis only; the driver's checking mode
 (`bnfold.driver.CHECKING`, on in the test suite) fingerprints the IR around `roots`,
@@ -53,6 +57,11 @@ class Pattern(Generic[Root, M, P]):
     """Base of every pattern: pure match and plan, apply through the rewriter. Its name,
     stage, options and report section are declared by its registry entry
     (`bnfold.patterns.Entry`), the one place that says them."""
+
+    # What `apply` builds (see the module docstring): declared, the walk `Context.ops`
+    # keeps serves later patterns that ask for other op names. The checking mode fails
+    # an `apply` that creates an op outside it.
+    builds: frozenset[str] | None = None
 
     def roots(self, ctx: Context) -> Iterable[Root]:
         raise NotImplementedError

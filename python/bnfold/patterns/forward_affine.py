@@ -65,6 +65,7 @@ from bnfold.ir import ir, stablehlo
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, behind_calls
 from bnfold.patterns.rewrite import (
+    BUILDS,
     Copy,
     KernelRewrite,
     bias_add,
@@ -537,6 +538,10 @@ def _build_one(rewriter: Rewriter, p: Plan) -> Applied:
 
 class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
     """Folds the affine chain before each producer into it."""
+
+    # `build`'s kernel and biases, an explicit pad (`_explicit_pad`), the border correction's
+    # table (bnfold.border: slices and concatenates of a broadcast constant).
+    builds = BUILDS | {"stablehlo.pad", "stablehlo.slice"}
 
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:

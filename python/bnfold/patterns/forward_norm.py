@@ -65,6 +65,7 @@ from bnfold.patterns.base import Pattern
 from bnfold.patterns.forward_affine import FORWARD_FOLDS
 from bnfold.patterns.inline_calls import CallSite, behind_calls
 from bnfold.patterns.rewrite import (
+    BUILDS,
     Copy,
     KernelRewrite,
     bias_add,
@@ -813,6 +814,9 @@ def _varies(value: ir.Value, analysis: Analysis) -> bool:
 
 class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
     """Folds a normalization's affine into every linear layer that reads it."""
+
+    # The new kernels and biases, and the negate of a bare value whose law negates it.
+    builds = BUILDS | {"stablehlo.negate"}
 
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:

@@ -25,6 +25,13 @@ if TYPE_CHECKING:
     from bnfold.analysis import Analysis
     from bnfold.ledger import Ledger
 
+# The op names these builders create (`KernelRewrite.build`, `constant_add`,
+# `broadcast_constant` with its symbolic shape) and `bnfold.affine.replay_layout`: a
+# pattern whose apply builds with nothing else declares them as its `Pattern.builds`.
+BUILDS = frozenset(f"stablehlo.{name}" for name in (
+    "constant", "convert", "add", "broadcast_in_dim", "dynamic_broadcast_in_dim",
+    "get_dimension_size", "reshape", "concatenate", "transpose"))
+
 
 class KernelRewrite(NamedTuple):
     """A kernel scaled in float64 and rounded once, and where it goes."""
