@@ -601,3 +601,19 @@ def test_a_large_f16_kernel_pushed_wholly_below_normal_keeps_the_normalization()
     [skip] = report.skipped
     assert skip.code == "precision" and "smallest normal" in skip.reason, skip
     assert "stablehlo.batch_norm_inference" in folded
+
+
+@pytest.mark.parametrize("size", [1, precision.PIECE_ELEMENTS - 1, precision.PIECE_ELEMENTS,
+                                  3 * precision.PIECE_ELEMENTS + 5])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, ml_dtypes.bfloat16])
+def test_magnitudes_piece_by_piece_are_those_of_the_whole_block(size, dtype):
+    """The largest and smallest |weight| of a block, read in pieces (its temporary stays
+    small), equal numpy's over the whole block; a NaN anywhere makes the peak NaN."""
+    rng = np.random.default_rng(size)
+    values = (rng.standard_normal(size) * 10.0 ** rng.integers(-6, 3, size)).astype(dtype)
+    whole = np.abs(values.astype(np.float64))
+    assert precision._magnitudes(values) == (whole.max(), whole.min())
+    values[size // 2] = np.nan
+    with np.errstate(invalid="ignore"):  # as the kernel threads call it
+        peak, smallest = precision._magnitudes(values)
+    assert np.isnan(peak) and smallest == np.inf

@@ -230,11 +230,8 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
             final = part.astype(effective) if narrow else part
             if not small or final.size == 0:
                 return _peak(final), False
-            # One pass for |final|, then its max and min: the peak, and whether a weight
-            # is below `flushed` (NaN propagates through both, as in `_peak`).
-            magnitude = np.abs(final)
-            peak = float(magnitude.max())
-            return peak, bool(magnitude.min() < flushed)
+            peak, smallest = _magnitudes(final)
+            return peak, smallest < flushed
 
     with np.errstate(all="ignore"):
         results = _map(block, list(_block_indices(kernel.shape)))
@@ -259,6 +256,25 @@ def _blocks(kernel: np.ndarray, factor: np.ndarray, out: np.ndarray,
             if lost:
                 return _underflow(effective, lost)
     return Rounded(out, False, _sampled_rounding(kernel, factor, final))
+
+
+# Elements per piece of `_magnitudes`: its |x| temporary (256 KiB of f32) comes from
+# malloc's free lists; a block-sized one (1 MiB per thread) stays in the process's peak.
+PIECE_ELEMENTS = 1 << 16
+
+
+def _magnitudes(values: np.ndarray) -> tuple[float, float]:
+    """(max |values|, min |values|) of a C-contiguous block, piece by piece; (NaN, inf)
+    when a value is NaN (a non-finite peak, as `_peak` says)."""
+    flat = values.reshape(-1)
+    peak, smallest = 0.0, math.inf
+    for start in range(0, flat.size, PIECE_ELEMENTS):
+        magnitude = np.abs(flat[start:start + PIECE_ELEMENTS])
+        high = float(magnitude.max())
+        if math.isnan(high):
+            return math.nan, math.inf
+        peak, smallest = max(peak, high), min(smallest, float(magnitude.min()))
+    return peak, smallest
 
 
 def _peak(values: np.ndarray) -> float:
