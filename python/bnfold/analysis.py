@@ -57,9 +57,10 @@ class Analysis:
         """`constant(value) is not None`; a plain constant's elements are not read."""
         return self.evaluator.is_constant(value)
 
-    def step(self, op: ir.Operation) -> Step | None:
-        """`op` as a chain step (activation operand + constants), or None."""
-        if op.name not in STEP_NAMES or len(op.results) != 1:
+    def step(self, op: ir.Operation, name: str | None = None) -> Step | None:
+        """`op` (named `name`, when the caller knows) as a chain step (activation operand
+        + constants), or None."""
+        if (op.name if name is None else name) not in STEP_NAMES or len(op.results) != 1:
             return None
         key = op.results[0]
         if key not in self._steps:

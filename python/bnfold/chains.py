@@ -60,18 +60,19 @@ class Candidates(NamedTuple):
 FOUND = frozenset({*producers.NAMES, *STEP_NAMES, "stablehlo.batch_norm_inference"})
 
 
-def find(ops: Iterable[ir.Operation], analysis: Analysis) -> Candidates:
-    """Producers and chains among `ops` (those named in `FOUND`, in program order)."""
+def find(ops: Iterable[tuple[str, ir.Operation]], analysis: Analysis) -> Candidates:
+    """Producers and chains among `ops` ((name, op) pairs of those named in `FOUND`, in
+    program order)."""
     found_producers: list[ir.Operation] = []
     batch_norms: list[ir.Operation] = []
     steps: list[Step] = []
-    for op in ops:
-        if producers.is_producer(op):
+    for name, op in ops:
+        if name in producers.NAMES:
             found_producers.append(op)
             continue
-        if op.name == "stablehlo.batch_norm_inference":
+        if name == "stablehlo.batch_norm_inference":
             batch_norms.append(op)
-        step = analysis.step(op)
+        step = analysis.step(op, name)
         if step is not None:
             steps.append(step)
     found = [grow(s, analysis) for s in steps if _previous(s, analysis) is None]
@@ -170,7 +171,7 @@ def candidates(ctx: Context) -> Candidates:
 
 
 def _find_candidates(ctx: Context) -> Candidates:
-    return find(ctx.ops(FOUND), ctx.analysis)
+    return find(ctx.named_ops(FOUND), ctx.analysis)
 
 
 def _notes(ctx: Context) -> dict[Handle, Notes]:

@@ -96,6 +96,15 @@ class Context:
         walk. An apply that declares nothing, or a dropped function, drops the walk.
         Replaced ops stay in the IR until `finish`, in the walk as in the module. Checking
         mode compares the kept walk with a fresh one on every call."""
+        return [op for name, op in self._walked(names) if name in names]
+
+    def named_ops(self, names: Container[str]) -> list[tuple[str, ir.Operation]]:
+        """`ops(names)` as (name, op) pairs: a pattern that branches on the name need not
+        read `op.name` again (a new string each time)."""
+        return [entry for entry in self._walked(names) if entry[0] in names]
+
+    def _walked(self, names: Container[str]) -> list[tuple[str, ir.Operation]]:
+        """The kept walk, walked again first where it may lack ops named in `names`."""
         table = self._table
         created = self._created
         created |= self.rewriter.cloned
@@ -107,7 +116,7 @@ class Context:
             self.rewriter.cloned.clear()
         elif self.checking:
             self._check_kept(table, created)
-        return [op for name, op in table if name in names]
+        return table
 
     def changed(self, builds: frozenset[str] | None = None) -> None:
         """An `apply` ran: it created ops named in `builds` (besides the rewriter's

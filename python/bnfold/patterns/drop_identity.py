@@ -28,8 +28,8 @@ import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from bnfold.graph import defining_op, function_name
-from bnfold.ir import ir
+from bnfold.graph import as_operation, defining_op, function_name
+from bnfold.ir import ir, op_id
 from bnfold.patterns.base import Pattern
 from bnfold.report import Part, Section, block_of, columns
 
@@ -43,7 +43,7 @@ _NEUTRAL = {"stablehlo.multiply": (1.0, (0, 1)), "stablehlo.divide": (1.0, (1,))
 # What may stand between the neutral constant and the op (a splat, broadcast, converted).
 _PASS_THROUGH = frozenset({"stablehlo.broadcast_in_dim", "stablehlo.reshape",
                            "stablehlo.convert"})
-_WALKED = frozenset({"stablehlo.constant", *_PASS_THROUGH, *_NEUTRAL})
+_WALKED = frozenset({"stablehlo.constant", *_NEUTRAL})  # the roots follow uses from constants
 _SYMBOL = {"stablehlo.multiply": "* 1", "stablehlo.divide": "/ 1", "stablehlo.add": "+ 0",
            "stablehlo.subtract": "- 0"}
 
@@ -149,23 +149,28 @@ class DropIdentity(Pattern[ir.Operation, Identity, Identity]):
     """Removes every `x * 1`, `x / 1`, `x + 0`, `x - 0`."""
 
     def roots(self, ctx: Context) -> Iterable[ir.Operation]:
-        """Every op of `_NEUTRAL` with an operand that may be a neutral splat, in one walk
-        per function (definitions come before their uses): `match` checks which. Most
-        multiplies and adds of a model read activations and per-channel vectors; only a
-        splat constant's attribute is read, not every operand's chain."""
-        neutral: set[ir.Value] = set()  # 0 or 1 everywhere: a splat constant, moved
-        found: list[ir.Operation] = []
-        for op in ctx.ops(_WALKED):
-            name = op.name
-            if name == "stablehlo.constant":
-                if _splat_of(op) in (0.0, 1.0):
-                    neutral.add(op.result)
-            elif name in _PASS_THROUGH:
-                if op.operands[0] in neutral:
-                    neutral.add(op.result)
-            elif any(v in neutral for v in op.operands):
-                found.append(op)
-        return found
+        """Every op of `_NEUTRAL` with an operand that may be a neutral splat, in walk
+        order (definitions come before their uses): `match` checks which. Only a splat
+        constant's attribute is read, and only the uses of the 0 and 1 splats (and of
+        their broadcasts, reshapes and converts) are followed: most multiplies and adds of
+        a model read activations and per-channel vectors."""
+        walked = ctx.named_ops(_WALKED)
+        pending = [op.result for name, op in walked
+                   if name == "stablehlo.constant" and _splat_of(op) in (0.0, 1.0)]
+        readers: set[int] = set()  # the ops of `_NEUTRAL` reading a neutral value
+        while pending:
+            for use in pending.pop().uses:
+                user = as_operation(use.owner)
+                if user is None:
+                    continue
+                name = user.name
+                if name in _PASS_THROUGH and use.operand_number == 0:
+                    pending.append(user.results[0])
+                elif name in _NEUTRAL:
+                    readers.add(op_id(user))
+        if not readers:
+            return []
+        return [op for name, op in walked if name in _NEUTRAL and op_id(op) in readers]
 
     def match(self, ctx: Context, root: ir.Operation) -> Identity | None:
         neutral, positions = _NEUTRAL[root.name]
