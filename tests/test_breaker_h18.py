@@ -190,14 +190,14 @@ def _table_behind_call() -> tuple[str, np.ndarray]:
     return jax.jit(f).lower(jnp.zeros(8, jnp.int32)).as_text(), table
 
 
-@pytest.mark.xfail(strict=True, reason="inline-calls inlines only the gather's call of the "
-                   "helper that returns the tied table; the fold into that clone of the "
-                   "constant sees no tie (the head reads the original through the other "
-                   "call) and grows the module with no shared_weight record (h18)")
 @pytest.mark.parametrize("disable", [(), ("forward-affine", "backward-affine")])
 def test_table_behind_a_call_twice(disable: tuple[str, ...]) -> None:
     """The original holds one 64x32 table (in the helper); the folded module holds no more
-    table bytes than the original unless the report names the copies."""
+    table bytes than the original unless the report names the copies. Each fold reads the
+    table through its own call of the helper (constants are evaluated through calls): the
+    first fold's new kernel is a copy while the other call keeps the helper (reported),
+    and the helper goes once its last call is gone (h18's sixth bug: it stayed, with the
+    table, and nothing said so)."""
     text, table = _table_behind_call()
     folded, report = bnfold.fold_text(text, bnfold.FoldOptions(disable=list(disable)))
     ids = np.arange(8, dtype=np.int32) * 7

@@ -28,7 +28,7 @@ from typing import Any
 
 from bnfold.affine import STEP_NAMES, Step, as_step
 from bnfold.constants import Const, Evaluator
-from bnfold.graph import as_operation, is_pure, users
+from bnfold.graph import as_operation, callee_name, calls, functions, is_pure, users
 from bnfold.ir import ir, op_id
 from bnfold.rewriter import Handle, Rewriter
 
@@ -109,6 +109,16 @@ class Analysis:
                 return []
             return [owner]
         return [u for u in users(value) if u.name not in SHAPE_QUERIES and not self.is_dead(u)]
+
+    def other_calls(self, call: ir.Operation) -> list[ir.Operation]:
+        """The other calls of `call`'s callee that something live reads: while one is left,
+        the callee stays in the module, and every constant in it (a weight a fold read
+        through `call` is then copied, not replaced)."""
+        name = callee_name(call)
+        live = [f for f in functions(self.module) if not self.rewriter.is_replaced(f)]
+        return [c for c in calls(live) if c != call and callee_name(c) == name and
+                not self.rewriter.is_replaced(c) and
+                any(not self.is_dead(u) for r in c.results for u in self.live_users(r))]
 
     def sole_live_user(self, value: ir.Value) -> ir.Operation | None:
         found = self.live_users(value)

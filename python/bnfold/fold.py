@@ -75,7 +75,7 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
             overlay.mark_output(module, rewriter, ledger)
         if hand_on_statistics:
             ledger.hand_on(module)
-        rewriter.finish(module, remove_dead=cleanup)
+        rewriter.finish(module, remove_dead=cleanup, keep=options.skip_functions)
         try:
             module.operation.verify()
         except ir.MLIRError as e:

@@ -32,7 +32,7 @@ few milliseconds, where one Python call per op costs tens).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Container, Iterable, Sequence
 from typing import NewType, Protocol
 
 from bnfold.graph import (
@@ -203,12 +203,15 @@ class Rewriter:
 
     # -- the end of a run -------------------------------------------------------
 
-    def finish(self, module: ir.Module, *, remove_dead: bool = True) -> None:
+    def finish(self, module: ir.Module, *, remove_dead: bool = True,
+               keep: Container[str] = ()) -> None:
         """Ends the run: listeners drop what they keyed by ops (`on_finish`), then, with
         `remove_dead`, the replaced ops and every op left dead in the functions that
         changed are erased (side-effect free with unused results, and calls of
         side-effect free private functions), and the private functions dropped because
-        nothing calls them any more. Functions without a change stay as they were.
+        nothing calls them any more, or whose last call the cleanup erased (a helper that
+        computed a weight a fold replaced: its constants would stay in the module), except
+        those in `keep` (skipped functions). Functions without a change stay as they were.
         Without `remove_dead` (debugging) nothing is erased: replaced ops stay, unused."""
         tombstones = list(self._tombstones.values())
         self._tombstones.clear()
@@ -225,18 +228,48 @@ class Rewriter:
                 if _unused(op):
                     op.erase()
             pure_callees = _pure_functions(module)
+            uncalled: set[str] = set()
             for func in functions(module):
                 if symbol_name(func) in self.changed_functions and func not in dropped:
-                    _remove_dead(func, pure_callees)
+                    uncalled |= _remove_dead(func, pure_callees)
             for func in dropped:
                 func.erase()
+            _erase_uncalled(module, uncalled, pure_callees, keep)
         self.handles.clear()
 
 
-def _remove_dead(func: ir.Operation, pure_callees: set[str]) -> None:
+def _erase_uncalled(module: ir.Module, names: set[str], pure_callees: set[str],
+                   keep: Container[str]) -> None:
+    """Erases the pure private functions in `names` that no call refers to any more, and
+    then those that only they called."""
+    while names:
+        functions_now = list(functions(module))
+        called = {callee_name(c) for f in functions_now for c in _calls(f)}
+        gone = [f for f in functions_now if symbol_name(f) in names and is_private(f) and
+                symbol_name(f) in pure_callees and symbol_name(f) not in called and
+                symbol_name(f) not in keep]
+        names = {callee_name(c) for f in gone for c in _calls(f)}
+        for func in gone:
+            func.erase()
+
+
+def _calls(func: ir.Operation) -> list[ir.Operation]:
+    found: list[ir.Operation] = []
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        if op.name == "func.call":
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    return found
+
+
+def _remove_dead(func: ir.Operation, pure_callees: set[str]) -> set[str]:
     """Erases unused side-effect-free ops in `func` (jaxlib's greedy driver, no patterns:
     folding, CSE and region simplification off), and dead calls of pure private
-    functions, which MLIR cannot prove dead; once more for what those calls fed."""
+    functions, which MLIR cannot prove dead; once more for what those calls fed. Returns
+    the callees of the calls it erased."""
     _erase_trivially_dead(func)
     dead: list[ir.Operation] = []
 
@@ -247,10 +280,12 @@ def _remove_dead(func: ir.Operation, pure_callees: set[str]) -> None:
         return ir.WalkResult.ADVANCE
 
     func.walk(visit)
+    erased = {callee_name(op) for op in dead}
     for op in dead:
         op.erase()
     if dead:
         _erase_trivially_dead(func)
+    return erased
 
 
 def _erase_trivially_dead(func: ir.Operation) -> None:

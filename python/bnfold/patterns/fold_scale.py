@@ -28,8 +28,9 @@ Every value the walk scales must have no live user outside the walk (a value oth
 ops read unscaled would change), so RoPE's q, read by both halves, may fan out while
 a residual stream may not. Where the walk has choices (a bilinear op's operands; a
 constant factor or the value beyond it), it tries them in order and takes the first
-region that closes. A weight also read elsewhere is never copied: the scale is refused
-with `shared-weight` and the cost of the copy in bytes, unless another way exists (a
+region that closes. A weight also read elsewhere (or computed by a helper that another
+live call also runs) is never copied: the scale is refused with `shared-weight` and the
+cost of the copy in bytes, unless another way exists (a
 soft-cap's `1 / cap` goes into the final norm's weight through the tied head). An
 embedding table tied to the LM head stays one table (docs/precision.md, rule 10): c goes
 into the table for every reader, and 1 / c into each head's input by the same walk
@@ -67,7 +68,15 @@ import numpy as np
 
 from bnfold import chains, elements, laws, precision, producers
 from bnfold.constants import argument_refusal, is_function_argument
-from bnfold.graph import as_operation, defining_op, function_name, is_private, single_block, users
+from bnfold.graph import (
+    as_operation,
+    callee_name,
+    defining_op,
+    function_name,
+    is_private,
+    single_block,
+    users,
+)
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, ops_within
@@ -395,6 +404,14 @@ class _Walk:
             target, operand, value = owner, 0, owner.operands[0]
         others = [u for u in analysis.live_users(value) if u != target]
         role = _role(reader, way)
+        owner = defining_op(value)
+        if owner is not None and owner.name == "func.call" and way.terminal and \
+                (calls := analysis.other_calls(owner)):
+            return Refusal(Code.SHARED_WEIGHT,
+                           f"it would go into {role} of {reader.name}, but it is computed by "
+                           f"@{callee_name(owner)}, which {len(calls)} other call(s) also read "
+                           f"(at {', '.join(self.ctx.ledger.location(c) for c in calls[:3])}); "
+                           "folding would copy it. Left as is: untie the weight to fold it")
         kept = None
         if others and way.terminal and mask is None and reader.name == "stablehlo.gather" \
                 and self.keeps_tables:

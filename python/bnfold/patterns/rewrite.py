@@ -218,6 +218,8 @@ def copy_cost(rewrite: KernelRewrite, producers: Sequence[ir.Operation], analysi
         for result in op.results:
             others += [u.name for u in analysis.live_users(result)
                        if u not in path and u not in list(producers)]
+        if op.name == "func.call":  # a helper's weight: its other calls keep the helper
+            others += [c.name for c in analysis.other_calls(op)]
     if not others:
         return None
     ty = ir.RankedTensorType((kernel.convert.operands[0] if kernel.convert is not None
