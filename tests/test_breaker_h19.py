@@ -44,7 +44,10 @@ Bugs (strict xfail, one test each):
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -596,3 +599,21 @@ def test_a_helper_kernel_reaches_a_convolution_through_reshape_and_transpose(dty
         both = (_weight_bytes(folded, "3x3x2x4") + _weight_bytes(folded, "4x2x3x3") -
                 _weight_bytes(text, "3x3x2x4") - _weight_bytes(text, "4x2x3x3"))
         assert both == _copied(report)
+
+
+def test_split_input_file_counts_each_split_on_its_own(tmp_path):
+    """Held: `--split-input-file` on three modules whose helper is called 2, 1 and 3
+    times: the output grows by exactly the copies the report names (32 + 0 + 64 bytes)."""
+    source = tmp_path / "in.mlir"
+    source.write_text(_calls(2) + "\n// -----\n" + _calls(1) + "\n// -----\n" + _calls(3))
+    out, report_path = tmp_path / "out.mlir", tmp_path / "r.json"
+    subprocess.run([sys.executable, "-m", "bnfold", str(source), "--split-input-file",
+                    "-o", str(out), "--report", str(report_path)], check=True,
+                   capture_output=True)
+    folds = json.loads(report_path.read_text())["folds"]
+    copied = sum((f.get("shared_weight") or {}).get("copied_bytes", 0) for f in folds)
+    folded = out.read_text()
+    assert len(folds) == 6 and "@w" not in folded
+    assert _weight_bytes(folded) - _weight_bytes(source.read_text()) == copied == 96
+    for i, split in enumerate(folded.split("// -----")):
+        _same_numbers([_calls(2), _calls(1), _calls(3)][i], split)
