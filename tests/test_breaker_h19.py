@@ -198,13 +198,15 @@ func.func private @w() -> tensor<2x4xf32> {
 }""" + _helper("inner")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "copy_cost only counts other calls of the callee the kernel is read through (@w), not "
-    "other calls of the helper @w calls (@inner): @w goes with its last call, @inner stays "
-    "for main's other call with the old weight, and the new kernel is an unreported copy "
-    "(module +32 bytes, no shared_weight); fold-scale refuses the same module"))
 @pytest.mark.parametrize("layer", ["backward-affine", "forward-affine", "forward-norm"])
 def test_a_nested_helper_whose_inner_helper_is_called_elsewhere_is_a_copy(layer):
+    """
+    Was h19's bug (fixed): copy_cost only counts other calls of the callee the kernel is
+    read through (@w), not other calls of the helper @w calls (@inner): @w goes with its
+    last call, @inner stays for main's other call with the old weight, and the new
+    kernel is an unreported copy (module +32 bytes, no shared_weight); fold-scale
+    refuses the same module.
+    """
     text = _nested(layer)
     _, report = _fold_and_judge(text, _options(layer))
     assert report.folds
@@ -219,24 +221,26 @@ def test_fold_scale_refuses_a_nested_helper_whose_inner_helper_is_called_elsewhe
     assert _weight_bytes(folded) == _weight_bytes(text) == 32
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a public function is never removed: the fold reads its weight through `call @w()`, "
-    "leaves the call unused in @main and @w with the old weight, and the new kernel is a "
-    "copy with no shared_weight (+32 bytes, nothing said; fold-scale 'never copies' but "
-    "does)"))
 @pytest.mark.parametrize("layer", ["backward-affine", "fold-scale", "forward-affine"])
 def test_a_public_helper_weight_is_not_copied_silently(layer):
+    """
+    Was h19's bug (fixed): a public function is never removed: the fold reads its weight
+    through `call @w()`, leaves the call unused in @main and @w with the old weight, and
+    the new kernel is a copy with no shared_weight (+32 bytes, nothing said; fold-scale
+    'never copies' but does).
+    """
     text = _main("\n  %k0 = call @w() : () -> tensor<2x4xf32>" + LAYERS[layer](0),
                  [("%a0", "tensor<3x4xf32>")]) + _helper(visibility="public")
     _fold_and_judge(text, _options(layer))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a helper with a side effect is not pure, so its call stays after the fold (rightly) "
-    "and with it the helper's weight; the fold's new kernel is a copy the report does not "
-    "name (+32 bytes, no shared_weight; fold-scale copies too)"))
 @pytest.mark.parametrize("layer", ["backward-affine", "fold-scale"])
 def test_a_side_effecting_helper_weight_is_not_copied_silently(layer):
+    """
+    Was h19's bug (fixed): a helper with a side effect is not pure, so its call stays
+    after the fold (rightly) and with it the helper's weight; the fold's new kernel is a
+    copy the report does not name (+32 bytes, no shared_weight; fold-scale copies too).
+    """
     effect = "\n  stablehlo.custom_call @log_weights() {has_side_effect = true} : () -> ()"
     text = _main("\n  %k0 = call @w() : () -> tensor<2x4xf32>" + LAYERS[layer](0),
                  [("%a0", "tensor<3x4xf32>")]) + _helper(body=effect)
@@ -245,25 +249,28 @@ def test_a_side_effecting_helper_weight_is_not_copied_silently(layer):
     assert "@log_weights" in folded  # the side effect stays
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "_erase_uncalled only looks for func.call users of the helper: a helper that a "
-    "stablehlo.composite names as its decomposition is erased after the fold replaced its "
-    "last call, and the folded module does not verify (BnfoldError: 'w' does not reference "
-    "a valid function)"))
 @pytest.mark.parametrize("layer", ["backward-affine", "fold-scale"])
 def test_a_helper_a_composite_decomposes_into_stays(layer):
+    """
+    Was h19's bug (fixed): _erase_uncalled only looks for func.call users of the helper:
+    a helper that a stablehlo.composite names as its decomposition is erased after the
+    fold replaced its last call, and the folded module does not verify (BnfoldError: 'w'
+    does not reference a valid function).
+    """
     body = "\n  %k0 = call @w() : () -> tensor<2x4xf32>" + LAYERS[layer](0) + \
            '\n  %z = stablehlo.composite "my.weights" {decomposition = @w} : () -> tensor<2x4xf32>'
     text = _main(body, [("%a0", "tensor<3x4xf32>"), ("%z", "tensor<2x4xf32>")]) + _helper()
     _fold_and_judge(text, _options(layer))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "_erase_uncalled only looks for func.call users of the helper: a helper a custom_call "
-    "names in called_computations is erased after the fold replaced its last call, and the "
-    "output (which passes bnfold's verification) refers to a function it no longer holds"))
 @pytest.mark.parametrize("layer", ["backward-affine", "fold-scale"])
 def test_a_helper_a_custom_call_names_stays(layer):
+    """
+    Was h19's bug (fixed): _erase_uncalled only looks for func.call users of the helper:
+    a helper a custom_call names in called_computations is erased after the fold
+    replaced its last call, and the output (which passes bnfold's verification) refers
+    to a function it no longer holds.
+    """
     body = "\n  %k0 = call @w() : () -> tensor<2x4xf32>" + LAYERS[layer](0) + \
            "\n  %z = stablehlo.custom_call @weights_op() {called_computations = [@w]} : " \
            "() -> tensor<2x4xf32>"
@@ -306,14 +313,15 @@ func.func private @w(%a: tensor<2x4xf32>) -> tensor<2x4xf32> {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "fold-scale checks only the live users of the call's result and the callee's other "
-    "calls: a weight the call keeps alive through another result, or a constant argument "
-    "another op reads, is scaled into a new kernel beside the old one (+32 bytes) with no "
-    "shared-weight refusal and no shared_weight record (backward-affine reports these "
-    "modules as copies)"))
 @pytest.mark.parametrize("case", sorted(FOLD_SCALE_KEPT_ALIVE))
 def test_fold_scale_never_copies_a_weight_a_call_keeps_alive(case):
+    """
+    Was h19's bug (fixed): fold-scale checks only the live users of the call's result
+    and the callee's other calls: a weight the call keeps alive through another result,
+    or a constant argument another op reads, is scaled into a new kernel beside the old
+    one (+32 bytes) with no shared-weight refusal and no shared_weight record (backward-
+    affine reports these modules as copies).
+    """
     text = FOLD_SCALE_KEPT_ALIVE[case]
     folded, report = _fold_and_judge(text, SCALE_ONLY)
     assert not report.folds and _weight_bytes(folded) == _weight_bytes(text)
@@ -327,10 +335,6 @@ def test_backward_affine_reports_a_weight_a_call_keeps_alive(case):
     assert len(report.folds) == 1 and _copied(report) == 32
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "`w() + w()` as one kernel: the fold replaces both calls and the helper goes (the "
-    "module holds no copy), but copy_cost counts each call as the other's 'other call' "
-    "and records shared_weight copied_bytes 32, also_read_by func.call"))
 def test_two_calls_summed_into_one_kernel_are_not_a_copy():
     body = """
   %p = call @w() : () -> tensor<2x4xf32>
@@ -341,14 +345,20 @@ def test_two_calls_summed_into_one_kernel_are_not_a_copy():
     assert len(report.folds) == 1 and "@w" not in folded
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "a dead `call @w()` in a function where nothing folded is not counted as a reader "
-    "(other_calls ignores unused calls) but is not removed either (dead-code removal runs "
-    "only where something folded): @w and its weight stay, and the new kernel is an "
-    "unreported copy (+32 bytes)"))
 @pytest.mark.parametrize("layer", ["backward-affine", "fold-scale"])
 @pytest.mark.parametrize("visibility", ["public", "private"])
 def test_a_dead_call_in_an_unfolded_function_is_counted(layer, visibility):
+    """
+    Was h19's bug (fixed): a dead `call @w()` in a function where nothing folded is not
+    counted as a reader (other_calls ignores unused calls) but is not removed either
+    (dead-code removal runs only where something folded): @w and its weight stay, and
+    the new kernel is an unreported copy (+32 bytes).
+
+    Was h19's bug (fixed): `w() + w()` as one kernel: the fold replaces both calls and
+    the helper goes (the module holds no copy), but copy_cost counts each call as the
+    other's 'other call' and records shared_weight copied_bytes 32, also_read_by
+    func.call.
+    """
     body = "\n  %k0 = call @w() : () -> tensor<2x4xf32>" + LAYERS[layer](0)
     results = [("%a0", "tensor<3x4xf32>")]
     if visibility == "private":
@@ -370,14 +380,12 @@ INTEGER_ROUNDING = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "constants.py _cast evaluates a float -> integer convert as trunc + numpy astype, which "
-    "wraps out-of-range values (ui8(-2.5) = 254, i8(300) = 44) and maps NaN to INT_MIN; XLA "
-    "saturates (0, 127, 0 for NaN): the fold bakes the wrapped weight into the kernel and the "
-    "folded module computes different numbers (StableHLO leaves out-of-range conversion "
-    "'TBD', so evaluating it at all is a guess)"))
 @pytest.mark.parametrize("case", sorted(INTEGER_ROUNDING))
 def test_a_helper_rounding_through_an_integer_type_keeps_its_numbers(case):
+    """A float -> integer convert of a value the integer type cannot hold (or NaN) is
+    undefined in StableHLO; bnfold's evaluation wrapped it (ui8(-2.5) = 254, i8(300) = 44,
+    NaN = INT_MIN) where XLA saturates, and baked the wrapped weight into the kernel. Now
+    the constant is not evaluated and the numbers stay the original's."""
     itype, values = INTEGER_ROUNDING[case]
     text = _main("\n  %k0 = call @w() : () -> tensor<2x4xf32>" + _dot_bn(0),
                  [("%a0", "tensor<3x4xf32>")]) + f"""

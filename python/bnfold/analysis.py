@@ -28,7 +28,18 @@ from typing import Any
 
 from bnfold.affine import STEP_NAMES, Step, as_step
 from bnfold.constants import Const, Evaluator
-from bnfold.graph import as_operation, callee_name, calls, functions, is_pure, users
+from bnfold.graph import (
+    as_operation,
+    callee_name,
+    calls,
+    function_of,
+    is_private,
+    is_pure,
+    symbol_name,
+    symbol_table,
+    symbol_uses,
+    users,
+)
 from bnfold.ir import ir, op_id
 from bnfold.rewriter import Handle, Rewriter
 
@@ -110,15 +121,34 @@ class Analysis:
             return [owner]
         return [u for u in users(value) if u.name not in SHAPE_QUERIES and not self.is_dead(u)]
 
-    def other_calls(self, call: ir.Operation) -> list[ir.Operation]:
-        """The other calls of `call`'s callee that something live reads: while one is left,
-        the callee stays in the module, and every constant in it (a weight a fold read
-        through `call` is then copied, not replaced)."""
-        name = callee_name(call)
-        live = [f for f in functions(self.module) if not self.rewriter.is_replaced(f)]
-        return [c for c in calls(live) if c != call and callee_name(c) == name and
-                not self.rewriter.is_replaced(c) and
-                any(not self.is_dead(u) for r in c.results for u in self.live_users(r))]
+    def keepers(self, call: ir.Operation, exclude: Sequence[ir.Operation] = ()) -> list[str]:
+        """What keeps `call`'s callee, and the constants in it and in the helpers it calls,
+        in the module once `call` is gone (a weight a fold read through `call` is then a
+        copy), as op names: another call of one of those helpers (`func.call`), an op
+        naming one (a composite's decomposition), and a helper that is public or has side effects
+        (`func.func`: nothing removes it). A dead call counts where the cleanup will not
+        run (a function nothing changed in). Calls in `exclude` (the fold's own) do not
+        count."""
+        table = symbol_table(self.module)
+        helpers = _called_within(callee_name(call), table)
+        uses = symbol_uses(self.module, calls=False)
+        found = [name for helper in helpers for name in uses.get(helper, [])]
+        found += ["func.func" for helper in helpers if helper in table and
+                  not (is_private(table[helper]) and _computes_only(table[helper]))]
+        home = function_of(call)
+        for other in calls([f for f in table.values() if not self.rewriter.is_replaced(f)]):
+            if callee_name(other) not in helpers or other == call or other in exclude or \
+                    self.rewriter.is_replaced(other):
+                continue
+            where = function_of(other)
+            if where is not None and symbol_name(where) in helpers:
+                continue  # inside the helpers themselves: goes with them
+            cleaned = where == home or (where is not None and
+                                        symbol_name(where) in self.rewriter.changed_functions)
+            if not cleaned or any(not self.is_dead(u) for r in other.results
+                                  for u in self.live_users(r)):
+                found.append("func.call")
+        return found
 
     def sole_live_user(self, value: ir.Value) -> ir.Operation | None:
         found = self.live_users(value)
@@ -137,3 +167,34 @@ class Analysis:
         self._steps.clear()
         self._dead.clear()
         self.evaluator = Evaluator(self.module)  # a fresh, empty one
+
+
+def _called_within(name: str, table: dict[str, ir.Operation]) -> set[str]:
+    """`name` and every function its body calls, transitively."""
+    found, todo = {name}, [name]
+    while todo:
+        func = table.get(todo.pop())
+        if func is None:
+            continue
+        for call in calls([func]):
+            inner = callee_name(call)
+            if inner not in found:
+                found.add(inner)
+                todo.append(inner)
+    return found
+
+
+def _computes_only(func: ir.Operation) -> bool:
+    """Whether the body has no side effect of its own (calls are judged by their callees)."""
+    pure = True
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        nonlocal pure
+        name = op.name
+        if name not in ("func.func", "func.return", "func.call") and not is_pure(op):
+            pure = False
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    func.walk(visit)
+    return pure

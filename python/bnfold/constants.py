@@ -179,7 +179,10 @@ class Evaluator:
         if array.ndim != len(shape):
             return NotConst(f"cannot evaluate {name}: rank mismatch")
         if array.dtype != elements.compute_dtype(dtype):
-            array = _cast(array, dtype)
+            try:
+                array = _cast(array, dtype)
+            except ValueError as e:
+                return NotConst(f"cannot evaluate {name}: {e}")
         return Const(array, shape, dtype)
 
     def _dynamic_broadcast(self, op: ir.Operation, value: ir.Value) -> Result:
@@ -250,12 +253,20 @@ def _result_index(op: ir.Operation, value: ir.Value) -> int:
 
 
 def _cast(array: np.ndarray, dtype: np.dtype) -> np.ndarray:
-    """Rounds to `dtype` (as the program would), then widens floats to float64."""
+    """Rounds to `dtype` (as the program would), then widens floats to float64. Raises
+    ValueError for a float that no value of an integer `dtype` holds (NaN, infinite or out
+    of range): StableHLO leaves that conversion undefined (XLA saturates where numpy
+    wraps), so no fold may rest on a guess of it."""
     target = elements.compute_dtype(dtype)
     if dtype == np.bool_:
         return array != 0
     if target.kind in "iu" and array.dtype.kind == "f":
         array = np.trunc(array)
+        info = np.iinfo(dtype)
+        if array.size and not (np.all(np.isfinite(array)) and array.min() >= info.min and
+                               array.max() <= info.max):
+            raise ValueError(f"a float outside {np.dtype(dtype).name}'s range (or NaN) is "
+                             "converted to it, which StableHLO leaves undefined")
     return array.astype(dtype).astype(target)
 
 

@@ -96,6 +96,44 @@ def calls(funcs: Iterable[ir.Operation]) -> list[ir.Operation]:
     return found
 
 
+def referenced_symbols(module: ir.Module, *, calls: bool = True) -> set[str]:
+    """Every symbol an op's attribute names, nested arrays and dictionaries included: a
+    call's callee (unless `calls` is False), a composite's decomposition, a custom_call's
+    called_computations. A function named here is in use."""
+    return set(symbol_uses(module, calls=calls))
+
+
+def symbol_uses(module: ir.Module, *, calls: bool = True) -> dict[str, list[str]]:
+    """`referenced_symbols`, with the names of the ops that name each symbol."""
+    found: dict[str, list[str]] = {}
+
+    def add(attr: ir.Attribute, user: str) -> None:
+        if isinstance(attr, ir.FlatSymbolRefAttr):
+            found.setdefault(attr.value, []).append(user)
+        elif isinstance(attr, ir.SymbolRefAttr):  # @outer::@inner: the outer symbol
+            outer = str(attr).split("::")[0].removeprefix("@").strip('"')
+            found.setdefault(outer, []).append(user)
+        elif isinstance(attr, ir.ArrayAttr):
+            for element in attr:
+                add(element, user)
+        elif isinstance(attr, ir.DictAttr):
+            for i in range(len(attr)):
+                add(attr[i].attr, user)
+
+    def visit(op: ir.Operation) -> ir.WalkResult:
+        attributes = op.attributes
+        name = op.name
+        skip = "callee" if not calls and name == "func.call" else None
+        for i in range(len(attributes)):
+            named = attributes[i]
+            if named.name != skip:
+                add(named.attr, name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
 def callee_name(call: ir.Operation) -> str:
     return ir.FlatSymbolRefAttr(call.attributes["callee"]).value
 

@@ -41,6 +41,7 @@ from bnfold.graph import (
     functions,
     is_private,
     is_pure,
+    referenced_symbols,
     symbol_name,
     users,
 )
@@ -240,11 +241,12 @@ class Rewriter:
 
 def _erase_uncalled(module: ir.Module, names: set[str], pure_callees: set[str],
                    keep: Container[str]) -> None:
-    """Erases the pure private functions in `names` that no call refers to any more, and
-    then those that only they called."""
+    """Erases the pure private functions in `names` that nothing refers to any more (no
+    call, no composite's decomposition, no custom_call's called_computations), and then
+    those that only they called."""
     while names:
         functions_now = list(functions(module))
-        called = {callee_name(c) for f in functions_now for c in _calls(f)}
+        called = referenced_symbols(module)  # calls, and a composite's decomposition ...
         gone = [f for f in functions_now if symbol_name(f) in names and is_private(f) and
                 symbol_name(f) in pure_callees and symbol_name(f) not in called and
                 symbol_name(f) not in keep]

@@ -80,7 +80,7 @@ from bnfold.graph import (
 from bnfold.ir import ir
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, ops_within
-from bnfold.patterns.rewrite import KernelRewrite, plan_kernel
+from bnfold.patterns.rewrite import KernelRewrite, kept_readers, plan_kernel
 from bnfold.refusal import Code, Refusal, refused
 from bnfold.report import Fold
 
@@ -406,12 +406,12 @@ class _Walk:
         role = _role(reader, way)
         owner = defining_op(value)
         if owner is not None and owner.name == "func.call" and way.terminal and \
-                (calls := analysis.other_calls(owner)):
+                (keeping := kept_readers(value, [target], analysis)):
             return Refusal(Code.SHARED_WEIGHT,
                            f"it would go into {role} of {reader.name}, but it is computed by "
-                           f"@{callee_name(owner)}, which {len(calls)} other call(s) also read "
-                           f"(at {', '.join(self.ctx.ledger.location(c) for c in calls[:3])}); "
-                           "folding would copy it. Left as is: untie the weight to fold it")
+                           f"@{callee_name(owner)}, which stays in the module (kept by "
+                           f"{', '.join(dict.fromkeys(keeping))}); folding would copy it. Left as "
+                           "is: untie the weight to fold it")
         kept = None
         if others and way.terminal and mask is None and reader.name == "stablehlo.gather" \
                 and self.keeps_tables:

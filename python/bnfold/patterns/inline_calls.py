@@ -243,6 +243,7 @@ def drop_uncalled(ctx: Context, names: set[str]) -> None:
         live = [f for f in graph.functions(ctx.module)
                 if symbol_name(f) not in dropped and not rewriter.is_replaced(f)]
         called = {callee_name(c) for c in graph.calls(live) if not rewriter.is_replaced(c)}
+        called |= graph.referenced_symbols(ctx.module, calls=False)  # composites ...
         gone = [f for f in live if symbol_name(f) in names and symbol_name(f) not in called
                 and is_private(f) and symbol_name(f) not in ctx.options.skip_functions]
         if not gone:

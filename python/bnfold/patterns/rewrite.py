@@ -204,9 +204,23 @@ def copy_cost(rewrite: KernelRewrite, producers: Sequence[ir.Operation], analysi
     kernel serve only `producers` (the new kernel replaces them), else the new kernel's size
     and the other readers, which keep the old constants alive."""
     kernel = rewrite.kernel
+    others = kept_readers(kernel.value, producers, analysis)
+    if not others:
+        return None
+    ty = ir.RankedTensorType((kernel.convert.operands[0] if kernel.convert is not None
+                              else kernel.value).type)
+    count = 1 if rewrite.rounded.splat else math.prod(ty.shape)
+    return Copy(count * kernel.storage.itemsize, tuple(dict.fromkeys(others)))
+
+
+def kept_readers(value: ir.Value, readers: Sequence[ir.Operation], analysis: Analysis
+                 ) -> list[str]:
+    """The ops (by name) other than `readers` that keep the constants `value` is computed
+    from alive: live users of any value on the way (a tied table's gather, the other
+    result of a call), and what keeps a helper on the way (`Analysis.keepers`)."""
     # ops compare by pointer but hash by wrapper: lists, not sets (a kernel's ops are few)
     path: list[ir.Operation] = []
-    stack = [kernel.value]
+    stack = [value]
     while stack:
         owner = defining_op(stack.pop())
         if owner is None or owner in path:
@@ -217,15 +231,10 @@ def copy_cost(rewrite: KernelRewrite, producers: Sequence[ir.Operation], analysi
     for op in path:
         for result in op.results:
             others += [u.name for u in analysis.live_users(result)
-                       if u not in path and u not in list(producers)]
-        if op.name == "func.call":  # a helper's weight: its other calls keep the helper
-            others += [c.name for c in analysis.other_calls(op)]
-    if not others:
-        return None
-    ty = ir.RankedTensorType((kernel.convert.operands[0] if kernel.convert is not None
-                              else kernel.value).type)
-    count = 1 if rewrite.rounded.splat else math.prod(ty.shape)
-    return Copy(count * kernel.storage.itemsize, tuple(dict.fromkeys(others)))
+                       if u not in path and u not in list(readers)]
+        if op.name == "func.call":  # a helper's weight: what keeps the helper keeps it
+            others += analysis.keepers(op, path)
+    return others
 
 
 def record_copy(fold: Fold, copy: Copy | None) -> None:
