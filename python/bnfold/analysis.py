@@ -125,10 +125,10 @@ class Analysis:
         """What keeps `call`'s callee, and the constants in it and in the helpers it calls,
         in the module once `call` is gone (a weight a fold read through `call` is then a
         copy), as op names: another call of one of those helpers (`func.call`), an op
-        naming one (a composite's decomposition), and a helper that is public or has side effects
-        (`func.func`: nothing removes it). A dead call counts where the cleanup will not
-        run (a function nothing changed in). Calls in `exclude` (the fold's own) do not
-        count."""
+        naming one (a composite's decomposition), and a helper that is public or has side
+        effects (`func.func`: nothing removes it). A dead call counts where the cleanup
+        will not run (a function nothing changed in). Calls in `exclude` (the fold's own)
+        do not count."""
         table = symbol_table(self.module)
         helpers = _called_within(callee_name(call), table)
         uses = symbol_uses(self.module, calls=False)

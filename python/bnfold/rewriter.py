@@ -37,6 +37,7 @@ from typing import NewType, Protocol
 
 from bnfold.graph import (
     callee_name,
+    calls,
     function_name,
     functions,
     is_private,
@@ -250,21 +251,9 @@ def _erase_uncalled(module: ir.Module, names: set[str], pure_callees: set[str],
         gone = [f for f in functions_now if symbol_name(f) in names and is_private(f) and
                 symbol_name(f) in pure_callees and symbol_name(f) not in called and
                 symbol_name(f) not in keep]
-        names = {callee_name(c) for f in gone for c in _calls(f)}
+        names = {callee_name(c) for c in calls(gone)}
         for func in gone:
             func.erase()
-
-
-def _calls(func: ir.Operation) -> list[ir.Operation]:
-    found: list[ir.Operation] = []
-
-    def visit(op: ir.Operation) -> ir.WalkResult:
-        if op.name == "func.call":
-            found.append(op.operation)
-        return ir.WalkResult.ADVANCE
-
-    func.walk(visit)
-    return found
 
 
 def _remove_dead(func: ir.Operation, pure_callees: set[str]) -> set[str]:
