@@ -8,6 +8,7 @@
 // ... also after a builtin that resets PYTHONPATH in lit 23:
 // RUN: diff %s %s
 // RUN: %PYTHON -c "import bnfold, os, sys; got = os.path.realpath(os.path.dirname(bnfold.__file__)); want = os.path.realpath(os.path.join(sys.argv[1], 'bnfold')); sys.exit(0 if got == want else 'bnfold imported from ' + got + ', not ' + want)" %bnfold-src
+// RUN: %bnfold-opt %s -o /dev/null --report - | %filecheck %s
 
 // CHECK-LABEL: "folds": [
 // CHECK:       "norm_op": "stablehlo.multiply"

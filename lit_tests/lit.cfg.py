@@ -29,8 +29,10 @@ config.substitutions.append(("%PYTHON", f"{env} {python}"))
 # Run the tool through the interpreter so tests do not depend on entry points.
 config.substitutions.append(("%bnfold-opt", f"{env} {python} -m bnfold -q"))
 config.substitutions.append(("%bnfold-src", shlex.quote(source)))
-# pip's filecheck ignores FILECHECK_OPTS; pass flags here.
-config.substitutions.append(("%filecheck", "filecheck"))
+# pip's filecheck ignores FILECHECK_OPTS; pass flags here. Run as a module of this
+# interpreter, with the same PYTHONPATH prefix: a filecheck found only on PYTHONPATH (a
+# `pip install --target` directory) is then still found after a builtin that resets it.
+config.substitutions.append(("%filecheck", f"{env} {python} -m filecheck"))
 config.substitutions.append(("%testdata", shlex.quote(os.path.join(root, "testdata"))))
 config.environment["PYTHONPATH"] = pythonpath
 config.environment["PATH"] = os.environ.get("PATH", "")

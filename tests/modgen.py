@@ -782,7 +782,8 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
         ch = make_chain(case.pre, x, p.in_axis, active_pre)
         act_in = run_chain(ch, case.pre)
         pre_acts = ch.acts
-        if first is None and variant == "none":
+        # Whole chains only: "producer_multiuse" leaves the forward chain whole too.
+        if first is None and variant in ("none", "producer_multiuse"):
             probe = b.module([act_in])
     # Producer.
     kshape = p.kernel_shape()
@@ -829,6 +830,10 @@ def render(case: Case, dtype: str | None = None) -> Rendered:
         fb, rb, _ = expect_backward(pre_acts, multi_pre, variant == "producer_multiuse")
         if fb or variant != "producer_multiuse":
             folds_f, reason_f, whole_f = fb, rb, True
+    if not folds_f:
+        # No forward fold predicted: its shift bounds nothing (check_case would otherwise
+        # take a forward fold off an expectation that never counted one).
+        probe = None
     if folds_f is None:
         folds = None
     else:

@@ -27,15 +27,16 @@ jnp = jax.numpy
 
 
 def _judged(text: str, folded: str, inputs: list[np.ndarray], reference: list[np.ndarray],
-            tag: str = "f32") -> None:
+            tag: str = "f32", premise: float = 1e-5) -> None:
     """The folded module matches the original and is no less accurate against float64 (1.5x
-    the original's error plus one unit of roundoff of the output type)."""
+    the original's error plus one unit of roundoff of the output type). `premise` bounds
+    the original's own error: the reference must compute what the original computes."""
     original, output = run_xla(text, inputs), run_xla(folded, inputs)
     check_close(output, original, tag)
     unit = float(ml_dtypes.finfo(original[0].dtype).eps) / 2
     for o, f, r in zip(original, output, reference, strict=True):
         before, after = relative_error(o, r), relative_error(f, r)
-        assert before < 1e-5, before  # the reference computes the same thing
+        assert before < premise, before  # the reference computes the same thing
         assert after <= 1.5 * before + unit, (before, after)
 
 
@@ -127,7 +128,10 @@ def test_a_wide_scale_of_narrow_logits_is_refused_with_precision(narrow, scale):
     reference = (x64 @ q64) @ (x64 @ k64).T * c
     original, output = run_xla(text, [x]), run_xla(folded, [x])
     np.testing.assert_array_equal(output[0], original[0])
-    assert relative_error(original[0], reference) < 1e-2
+    # The reference computes what the original does: a few roundings of the narrow type
+    # (q, k and, on jax 0.11's XLA CPU, their product; 1.3e-2 there in bf16).
+    assert relative_error(original[0], reference) < 4 * float(ml_dtypes.finfo(npdt).eps), \
+        relative_error(original[0], reference)
 
 
 # --- a fused QKV convolution ------------------------------------------------------------
@@ -236,7 +240,9 @@ def test_every_scale_after_a_narrow_layer_gets_a_decision():
     text = jax.jit(fn).lower(jnp.asarray(x)).as_text()
     folded, report = bnfold.fold_text(text)
     reference = x.astype(np.float64) @ w.astype(np.float64) * 1.5
-    _judged(text, folded, [x], [reference])
+    # XLA CPU up to jax 0.10 keeps the converted bf16 product in f32; jax 0.11's rounds it
+    # to bf16, as its type says: the original is then off by up to half a bf16 ulp.
+    _judged(text, folded, [x], [reference], premise=float(ml_dtypes.finfo(ml_dtypes.bfloat16).eps))
     decided = len(report.folds) + len(report.skipped)
     assert decided == 2, ([f.to_json() for f in report.folds],
                           [s.to_json() for s in report.skipped])

@@ -540,7 +540,13 @@ def test_a_bf16_layer_scaled_in_f32_keeps_its_kernel_unless_rounded_back(chain, 
     forced = bnfold.fold_source(text, options=bnfold.FoldOptions(fold_into_narrow_kernels=True))
     assert len(forced.report.folds) == 1, forced.report.table()
     o = check.check(text, forced.serialize().decode(), seed=0).outputs[0]
-    assert o.output_error > 100 * o.original_error, o  # what the rule keeps out
+    if o.original_error < 1e-5:
+        # XLA CPU up to jax 0.10 keeps the converted product in f32: what the rule keeps out.
+        assert o.output_error > 100 * o.original_error, o
+    else:
+        # jax 0.11's XLA CPU rounds the product to bf16, as its type says: then the
+        # forced fold is within the contract (docs/precision.md, rule 9).
+        assert o.original_error < 1e-2 and o.output_error <= 1.5 * o.original_error + 2.0 ** -24, o
 
 
 def test_an_f16_weight_scaled_into_the_subnormals_is_kept_not_flushed():

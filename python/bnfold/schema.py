@@ -153,8 +153,10 @@ def build(entries: Iterable[_Declares]) -> type[OptionsBase]:
         seen.add(option.name)
     specs = [(o.name, Any, _field(o)) for o in declared]
     cls: type[OptionsBase] = make_dataclass("FoldOptions", specs, bases=(OptionsBase,), frozen=True,
-                         kw_only=True, namespace={"__doc__": OptionsBase.__doc__,
-                                                  "__module__": "bnfold.options"})
+                         kw_only=True, namespace={"__doc__": OptionsBase.__doc__})
+    # Pickle finds the class by module and name. Set after creation: Python 3.12's
+    # make_dataclass overwrites a `__module__` passed in its namespace with its caller's.
+    cls.__module__ = "bnfold.options"
     cls.PATTERN_NAMES = tuple(e.name for e in entries)
     return cls
 
