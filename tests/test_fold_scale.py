@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import bnfold
+import support
 import transformers_jax as tj
 from bnfold import check, laws
 from bnfold import ir as bir
@@ -644,3 +645,22 @@ def test_a_tied_gemma_table_stays_one_table(dtype):
             f"({vocab * model * 2} bytes)" in refusals[0].reason and \
             "rule 10" in refusals[0].reason, refusals[0].reason
     judged(text, produced, dtype, seeds=3)
+
+
+
+def test_a_scaling_helper_after_a_batch_norm_folds_in_one_run():
+    """Fuzzer seed 11: a jitted helper's `* c` after a `batch_norm_inference` (a bias and a
+    reshape between). The walk that decides whether to inline the helper stopped at the
+    batch norm (no scalar law), so the first run left the helper; a second run, with the
+    batch norm folded into the convolution, inlined it and folded the scale forward:
+    fold(fold(m)) != fold(m). Judged on XLA against float64 of the original."""
+    text = (support.ROOT / "tests" / "inputs" / "scale_helper_after_batch_norm.mlir").read_text()
+    out = bnfold.fold_source(text)
+    assert sorted((f.norm_op, f.direction) for f in out.report.folds) == [
+        ("stablehlo.batch_norm_inference", "backward"), ("stablehlo.multiply", "forward")], \
+        out.report.table()
+    assert out.report.inlined == ["block0"], out.report.inlined
+    folded = out.serialize().decode()
+    again = bnfold.fold_source(folded)
+    assert not again.report.folds and again.serialize().decode() == folded, again.report.table()
+    judged(text, folded, "f16")

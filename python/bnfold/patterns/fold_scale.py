@@ -674,6 +674,14 @@ def _back_to_arguments(value: ir.Value, site: CallSite, ctx: Context) -> bool:
             for o in following:
                 where.setdefault(o, (here, outside))
             return following
+        if op.name == "stablehlo.batch_norm_inference" and \
+                all(analysis.is_constant(o) for o in op.operands[1:]):
+            # No scalar law, but backward-affine (which runs first) folds it into the
+            # producer before it, and the scale then reaches that producer through its
+            # bias. Judged as folded here, so one run inlines what a second run would
+            # (where it refuses, the scale stops at it: the inlined helper is exact).
+            where.setdefault(op.operands[0], (here, outside))
+            return [op.operands[0]]
         return False
 
     return _reaches(value, visit)
