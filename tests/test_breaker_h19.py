@@ -395,8 +395,12 @@ func.func private @w() -> tensor<2x4xf32> {{
   %r = stablehlo.convert %i : (tensor<2x4x{itype}>) -> tensor<2x4xf32>
   return %r : tensor<2x4xf32>
 }}"""
-    folded, _ = bnfold.fold_text(text)
+    folded, report = bnfold.fold_text(text)
     _same_numbers(text, folded)
+    # ... and the refusal says why the kernel is no constant, not only that it is none.
+    refusal, = report.skipped
+    assert refusal.code == "not-constant" and "StableHLO leaves undefined" in refusal.reason, \
+        refusal.reason
 
 
 def test_a_helper_rounding_in_range_through_an_integer_type_folds():

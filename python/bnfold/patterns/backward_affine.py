@@ -37,7 +37,7 @@ from bnfold import affine, chains, elements, precision, producers, statistics
 from bnfold.affine import Affine, Composed, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import Chain, note
-from bnfold.constants import argument_refusal, parameter_argument
+from bnfold.constants import NotConst, argument_refusal, parameter_argument
 from bnfold.graph import carry_attributes, defining_op, single_block
 from bnfold.ir import ir
 from bnfold.ledger import Statistics
@@ -385,7 +385,10 @@ def _not_constant(which: str, axis: int, producer: ir.Operation,
     if argument is not None:
         return argument_refusal(argument, f"the {which} (which carries axis {axis})",
                                 Code.KERNEL_ARGUMENT)
-    return Refusal(Code.NOT_CONSTANT, f"the {which} (which carries axis {axis}) is not constant")
+    result = analysis.evaluator.evaluate(value)
+    why = f" ({result.reason})" if isinstance(result, NotConst) else ""
+    return Refusal(Code.NOT_CONSTANT,
+                   f"the {which} (which carries axis {axis}) is not constant{why}")
 
 
 class Applied(NamedTuple):
