@@ -8,6 +8,7 @@
 - A refusal names the real consumer of a norm (the residual add), and a norm's own
   statistics divide gets no skip of its own.
 - A private helper is inlined only where a fold is gained.
+- A "kernel" that is the input itself (`x @ x^T`) is not called a parameter to bind.
 
 Every judgement is on the output module or on XLA CPU's numbers, never on bnfold's own rules.
 """
@@ -353,3 +354,31 @@ def test_a_per_channel_parameter_of_ones_is_not_an_identity():
     out = bnfold.fold_source(text)
     assert [r.op_name for r in out.report.identities] == ["stablehlo.add"]  # the scalar + 0
     _same_numbers(text, out.serialize("mlir").decode())
+
+
+def _product_then_scale(kernel: str) -> str:
+    return f"""
+func.func @main(%x: tensor<3x3xf32>, %w: tensor<3x3xf32>) -> tensor<3x3xf32> {{
+  %t = stablehlo.transpose {kernel}, dims = [1, 0] : (tensor<3x3xf32>) -> tensor<3x3xf32>
+  %y = stablehlo.dot_general %x, %t, contracting_dims = [1] x [0] : (tensor<3x3xf32>, tensor<3x3xf32>) -> tensor<3x3xf32>
+  %c = stablehlo.constant dense<[1.5, 2.0, 3.0]> : tensor<3xf32>
+  %b = stablehlo.broadcast_in_dim %c, dims = [1] : (tensor<3xf32>) -> tensor<3x3xf32>
+  %z = stablehlo.multiply %y, %b : tensor<3x3xf32>
+  return %z : tensor<3x3xf32>
+}}"""
+
+
+@pytest.mark.parametrize("kernel, code", [("%x", "not-constant"), ("%w", "kernel-argument")])
+def test_a_product_of_the_input_with_itself_is_not_told_to_bind_it(kernel, code):
+    """`x @ x^T * c`: the "kernel" is the input itself; the refusal once told the user to
+    bind it as a parameter (--bind-params) like a real weight argument (`x @ w^T * c`)."""
+    text = _product_then_scale(kernel)
+    folded, report = bnfold.fold_text(text)
+    x, w = RNG.standard_normal((3, 3)).astype(np.float32), RNG.standard_normal((3, 3)).astype(np.float32)
+    np.testing.assert_array_equal(run_xla(folded, [x, w])[0], run_xla(text, [x, w])[0])
+    refusal, = report.skipped
+    assert refusal.code == code, refusal.reason
+    bind = "--bind-params" in refusal.reason or "bind" in report.summary()
+    assert bind == (kernel == "%w"), (refusal.reason, report.summary())
+    if kernel == "%x":
+        assert "product of two activations" in refusal.reason, refusal.reason

@@ -37,7 +37,7 @@ from bnfold import affine, chains, elements, precision, producers, statistics
 from bnfold.affine import Affine, Composed, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import Chain, note
-from bnfold.constants import NotConst, argument_refusal, parameter_argument
+from bnfold.constants import NotConst, argument_refusal, describe_argument, parameter_argument
 from bnfold.graph import carry_attributes, defining_op, single_block
 from bnfold.ir import ir
 from bnfold.ledger import Statistics
@@ -382,6 +382,16 @@ def _not_constant(which: str, axis: int, producer: ir.Operation,
                   kernel_axis: producers.KernelAxis, analysis: Analysis) -> Refusal:
     value = producer.operands[kernel_axis.operand]
     argument = parameter_argument(value, analysis.evaluator)
+    if argument is not None and any(
+            parameter_argument(o, analysis.evaluator) == argument
+            for i, o in enumerate(producer.operands[:2]) if i != kernel_axis.operand):
+        # x @ x^T: the other operand reads the same argument, an input, not a parameter
+        # (binding it would bind the input)
+        return Refusal(Code.NOT_CONSTANT, f"the {which} (which carries axis {axis}) is not "
+                                          f"constant: it is computed from "
+                                          f"{describe_argument(argument)}, which the other "
+                                          f"operand reads too (a product of two activations "
+                                          f"has no weight to fold into)")
     if argument is not None:
         return argument_refusal(argument, f"the {which} (which carries axis {axis})",
                                 Code.KERNEL_ARGUMENT)
