@@ -356,11 +356,14 @@ def test_a_per_channel_parameter_of_ones_is_not_an_identity():
     _same_numbers(text, out.serialize("mlir").decode())
 
 
-def _product_then_scale(kernel: str) -> str:
+def _product_then_scale(kernel: str, activation: str) -> str:
+    computed = activation == "tanh"
+    lhs = "%a" if computed else "%x"
     return f"""
 func.func @main(%x: tensor<3x3xf32>, %w: tensor<3x3xf32>) -> tensor<3x3xf32> {{
+  %a = stablehlo.tanh %x : tensor<3x3xf32>
   %t = stablehlo.transpose {kernel}, dims = [1, 0] : (tensor<3x3xf32>) -> tensor<3x3xf32>
-  %y = stablehlo.dot_general %x, %t, contracting_dims = [1] x [0] : (tensor<3x3xf32>, tensor<3x3xf32>) -> tensor<3x3xf32>
+  %y = stablehlo.dot_general {lhs}, %t, contracting_dims = [1] x [0] : (tensor<3x3xf32>, tensor<3x3xf32>) -> tensor<3x3xf32>
   %c = stablehlo.constant dense<[1.5, 2.0, 3.0]> : tensor<3xf32>
   %b = stablehlo.broadcast_in_dim %c, dims = [1] : (tensor<3xf32>) -> tensor<3x3xf32>
   %z = stablehlo.multiply %y, %b : tensor<3x3xf32>
@@ -368,11 +371,14 @@ func.func @main(%x: tensor<3x3xf32>, %w: tensor<3x3xf32>) -> tensor<3x3xf32> {{
 }}"""
 
 
-@pytest.mark.parametrize("kernel, code", [("%x", "not-constant"), ("%w", "kernel-argument")])
-def test_a_product_of_the_input_with_itself_is_not_told_to_bind_it(kernel, code):
+@pytest.mark.parametrize("kernel, activation, code", [
+    ("%x", "%x", "not-constant"), ("%w", "%x", "kernel-argument"),
+    ("%w", "tanh", "kernel-argument")])  # the usual export: weights as arguments
+def test_a_product_of_the_input_with_itself_is_not_told_to_bind_it(kernel, activation, code):
     """`x @ x^T * c`: the "kernel" is the input itself; the refusal once told the user to
-    bind it as a parameter (--bind-params) like a real weight argument (`x @ w^T * c`)."""
-    text = _product_then_scale(kernel)
+    bind it as a parameter (--bind-params) like a real weight argument (`x @ w^T * c`,
+    `tanh(x) @ w^T * c`)."""
+    text = _product_then_scale(kernel, activation)
     folded, report = bnfold.fold_text(text)
     x, w = RNG.standard_normal((3, 3)).astype(np.float32), RNG.standard_normal((3, 3)).astype(np.float32)
     np.testing.assert_array_equal(run_xla(folded, [x, w])[0], run_xla(text, [x, w])[0])

@@ -382,9 +382,9 @@ def _not_constant(which: str, axis: int, producer: ir.Operation,
                   kernel_axis: producers.KernelAxis, analysis: Analysis) -> Refusal:
     value = producer.operands[kernel_axis.operand]
     argument = parameter_argument(value, analysis.evaluator)
-    if argument is not None and any(
-            parameter_argument(o, analysis.evaluator) == argument
-            for i, o in enumerate(producer.operands[:2]) if i != kernel_axis.operand):
+    others = [parameter_argument(o, analysis.evaluator)
+              for i, o in enumerate(producer.operands[:2]) if i != kernel_axis.operand]
+    if argument is not None and any(o is not None and o == argument for o in others):
         # x @ x^T: the other operand reads the same argument, an input, not a parameter
         # (binding it would bind the input)
         return Refusal(Code.NOT_CONSTANT, f"the {which} (which carries axis {axis}) is not "
