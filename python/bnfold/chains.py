@@ -90,6 +90,17 @@ def _previous(step: Step, analysis: Analysis) -> Step | None:
     return prev
 
 
+def chain_of(step: Step, analysis: Analysis) -> Chain:
+    """The whole chain `step` is a step of (from its head)."""
+    head = step
+    for _ in range(1024):  # a chain never loops; the bound only guards the walk
+        prev = _previous(head, analysis)
+        if prev is None:
+            break
+        head = prev
+    return grow(head, analysis)
+
+
 def grow(head: Step, analysis: Analysis) -> Chain:
     """The chain that starts at `head`."""
     steps = [head]

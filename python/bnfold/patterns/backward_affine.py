@@ -39,7 +39,7 @@ from bnfold.analysis import Analysis
 from bnfold.chains import Chain, note
 from bnfold.constants import NotConst, argument_refusal, describe_argument, parameter_argument
 from bnfold.graph import carry_attributes, defining_op, single_block
-from bnfold.ir import ir
+from bnfold.ir import ir, op_id
 from bnfold.ledger import Statistics
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, behind_calls, ops_within
@@ -283,9 +283,33 @@ def _normalizes_an_argument(call: ir.Operation, site: CallSite, analysis: Analys
             continue
         producer = _chain_source(passed, call, analysis)
         if producer is not None and \
-                any(analysis.is_constant(producer.operands[i]) for i in (0, 1)):
+                any(analysis.is_constant(producer.operands[i]) for i in (0, 1)) and \
+                not _caller_part_refused(passed, analysis):
             return True
     return False
+
+
+# Refusals of the caller's part of a chain that steps after it (the helper's) cannot undo:
+# a statistic or kernel that is no constant, another user, a wrong axis, no producer.
+_FINAL = frozenset({Code.PARAMETER, Code.KERNEL_ARGUMENT, Code.NOT_CONSTANT, Code.LOOP,
+                    Code.NO_PRODUCER, Code.USERS, Code.AXIS, Code.SYMBOLIC, Code.NOT_FLOAT,
+                    Code.QUANTIZED})
+
+
+def _caller_part_refused(passed: ir.Value, analysis: Analysis) -> bool:
+    """Whether the affine steps the caller applies before the call (`@scaled(bn(x W))`)
+    are refused on their own for a reason the helper's steps after them cannot undo (a
+    parameter mean, the batch axis): inlining the helper would then gain nothing."""
+    owner = defining_op(passed)
+    step = analysis.step(owner) if owner is not None else None
+    if step is None:
+        return False  # the producer's own result: the caller has no part
+    chain = chains.chain_of(step, analysis)
+    found = source(chain, analysis)
+    if found is None:
+        return True
+    plan = plan_fold(found, chain, analysis, require_normalizing=False)
+    return isinstance(plan, Refusal) and plan.code in _FINAL
 
 
 def _scales_argument(argument: ir.Value, analysis: Analysis) -> bool:
@@ -442,6 +466,21 @@ def build(rewriter: Rewriter, p: Plan) -> Applied:
         carry_attributes(last.op, root_replacement)
     rewriter.replace_op(last.op, [replacement], successor=root_replacement)
     return Applied(norm, tuple(folded_producers))
+
+
+def would_fold(norm: ir.Operation, analysis: Analysis, narrow_kernels: bool = False) -> bool:
+    """Whether this pattern folds `norm` (a chain step) into the producer before it, judged
+    now by its own match and plan, as it will be in the FOLD stage (fold-scale's inlining
+    walk asks during PREPARE; no arena: the plan is dropped)."""
+    step = analysis.step(norm)
+    if step is None:
+        return False
+    chain = chains.chain_of(step, analysis)
+    found = source(chain, analysis)
+    if found is None or analysis.is_dead(chain.tail.op):
+        return False
+    plan = plan_fold(found, chain, analysis, narrow_kernels=narrow_kernels)
+    return not isinstance(plan, Refusal) and any(op_id(s.op) == op_id(norm) for s in plan.steps)
 
 
 class BackwardAffine(Pattern[Chain, Match, Plan]):

@@ -78,6 +78,7 @@ from bnfold.graph import (
     users,
 )
 from bnfold.ir import ir
+from bnfold.patterns import backward_affine
 from bnfold.patterns.base import Pattern
 from bnfold.patterns.inline_calls import CallSite, ops_within
 from bnfold.patterns.rewrite import KernelRewrite, kept_readers, plan_kernel
@@ -255,13 +256,16 @@ class _Walk:
         self.region.add(self.handle(op))
         self.through.update((self.handle(op), i) for i in way.through)
         self.crossed.append(op.name.removeprefix("stablehlo."))
-        for index in (*way.into, *way.through):
+        walked = (*way.into, *way.through)
+        for index in walked:
             part = mask
             if mask is not None or way.part:
                 assert law.part is not None
                 mapped = law.part(op, index, mask if mask is not None else _everything(value))
                 if isinstance(mapped, Refusal):
                     return mapped
+                if (twice := _read_twice(op, index, walked, mapped, law, mask, value)) is not None:
+                    return twice
                 if not np.any(mapped):
                     continue  # this operand holds none of the scaled part (a K slice's piece)
                 part = None if bool(np.all(mapped)) else mapped
@@ -675,11 +679,11 @@ def _back_to_arguments(value: ir.Value, site: CallSite, ctx: Context) -> bool:
                 where.setdefault(o, (here, outside))
             return following
         if op.name == "stablehlo.batch_norm_inference" and \
-                all(analysis.is_constant(o) for o in op.operands[1:]):
-            # No scalar law, but backward-affine (which runs first) folds it into the
-            # producer before it, and the scale then reaches that producer through its
-            # bias. Judged as folded here, so one run inlines what a second run would
-            # (where it refuses, the scale stops at it: the inlined helper is exact).
+                ctx.options.enabled("backward-affine") and \
+                backward_affine.would_fold(op, analysis, ctx.options.fold_into_narrow_kernels):
+            # No scalar law, but backward-affine (which runs first) will fold it into the
+            # producer before it (asked now, by its own plan), and the scale then reaches
+            # that producer through its bias: one run inlines what a second run would.
             where.setdefault(op.operands[0], (here, outside))
             return [op.operands[0]]
         return False
@@ -862,6 +866,31 @@ def _narrower(value: ir.Value, dtype: np.dtype, compute: np.dtype) -> Refusal:
                                    f"up to {precision.unit_roundoff(dtype):.1e} instead of "
                                    f"{precision.unit_roundoff(compute):.1e}). Keep the scale, or "
                                    f"scale in {v}")
+
+
+def _read_twice(op: ir.Operation, index: int, walked: tuple[int, ...], mapped: laws.Mask,
+                law: laws.ScalarLaw, mask: laws.Mask | None, value: ir.Value) -> Refusal | None:
+    """Why scaling `mapped` of operand `index` of `op` would reach another operand of `op`
+    that is the same value (`concatenate(y, y)`): a part scaled through one copy is scaled
+    in the other too, which the walk takes unscaled (or not at all)."""
+    operand = op.operands[index]
+    for other, read in enumerate(op.operands):
+        if other == index or read != operand:
+            continue
+        if other in walked:
+            assert law.part is not None
+            again = law.part(op, other, mask if mask is not None else _everything(value))
+            if not isinstance(again, Refusal) and _same_mask(_squeeze(again), _squeeze(mapped)):
+                continue
+        return Refusal(Code.USERS, f"{op.name} reads {_name(operand)} twice (operands {index} "
+                                   f"and {other}), and the scale would reach both copies where "
+                                   f"only one carries it; scaling it would change that op")
+    return None
+
+
+def _squeeze(mask: laws.Mask) -> laws.Mask | None:
+    """None for a mask that is True everywhere (the whole value)."""
+    return None if bool(np.all(mask)) else mask
 
 
 def _name(value: ir.Value) -> str:
