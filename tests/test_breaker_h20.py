@@ -34,6 +34,9 @@ Bugs (strict xfail, one test each; numbers measured on XLA CPU, jax 0.11.2's jax
   the value the scale would scale (`users`).
 - No decision: `select(p, gather(T), +inf) * -2` (and the same through a kernel): the
   constant branch would flip to -inf, nothing folds, and the report says nothing.
+- No decision: `transpose(call @same(x W)) * 0.3` where the private helper returns its
+  argument unchanged: not inlined, nothing folds, nothing said (a helper that reshapes
+  instead is inlined and folds).
 - Inlined for nothing: a helper `a * 0.3` called on `batch_norm_inference(x W)` whose mean
   is a function argument (not "a batch_norm_inference of constants"): inlined, nothing
   folds (the batch norm is refused `parameter-argument`), the multiply gets no decision.
@@ -427,6 +430,40 @@ def test_a_helper_behind_a_refused_batch_norm_stays_a_call(case: str) -> None:
     folded, report = _inlined_for_nothing(text)
     assert not report.folds
     assert "call @scaled" in folded, "inlined for nothing"
+
+
+IDENTITY = """func.func private @same(%a: tensor<2x6xf32>) -> tensor<2x6xf32> {
+  return %a : tensor<2x6xf32>
+}"""
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "`transpose(call @same(x W)) * 0.3` with @same returning its argument: the walk into "
+    "the helper reaches W, yet the call stays, nothing folds and the scale has no "
+    "decision (the same with a helper that reshapes folds: 'through reshape, dot_general')"))
+def test_a_scale_behind_a_helper_that_returns_its_argument_gets_a_decision() -> None:
+    text = _module(PROJ + f"""  %e = call @same(%y) : (tensor<2x6xf32>) -> tensor<2x6xf32>
+  %t = stablehlo.transpose %e, dims = [1, 0] : (tensor<2x6xf32>) -> tensor<6x2xf32>
+  %c = {_c('0.3', '6x2')}
+  %qs = stablehlo.multiply %t, %c : tensor<6x2xf32>""", "%qs : tensor<6x2xf32>", helpers=IDENTITY)
+    folded, report = bnfold.fold_text(text)
+    _within_contract(text, folded)
+    assert _decisions_at(report, _line_of(text, "%qs = stablehlo.multiply"))
+
+
+def test_held_a_scale_behind_a_reshaping_helper_folds() -> None:
+    helper = """func.func private @heads(%a: tensor<2x6xf32>) -> tensor<2x2x3xf32> {
+  %r = stablehlo.reshape %a : (tensor<2x6xf32>) -> tensor<2x2x3xf32>
+  return %r : tensor<2x2x3xf32>
+}"""
+    text = _module(PROJ + f"""  %h = call @heads(%y) : (tensor<2x6xf32>) -> tensor<2x2x3xf32>
+  %t = stablehlo.transpose %h, dims = [1, 0, 2] : (tensor<2x2x3xf32>) -> tensor<2x2x3xf32>
+  %c = {_c('0.3', '2x2x3')}
+  %qs = stablehlo.multiply %t, %c : tensor<2x2x3xf32>""", "%qs : tensor<2x2x3xf32>", helpers=helper)
+    folded, report = bnfold.fold_text(text)
+    assert [f.kind for f in report.folds] == ["scale"]
+    assert "call @heads" not in folded and "stablehlo.multiply" not in folded
+    _within_contract(text, folded)
 
 
 # --------------------------------------------------------------------------- held
