@@ -34,6 +34,11 @@ Bugs (strict xfail, one test each; numbers measured on XLA CPU, jax 0.11.2's jax
   the value the scale would scale (`users`).
 - No decision: `select(p, gather(T), +inf) * -2` (and the same through a kernel): the
   constant branch would flip to -inf, nothing folds, and the report says nothing.
+- Expanded splat: a fused projection `x W + broadcast(0.5)` whose splat bias is also
+  sliced into k's path: q's 0.3 is folded "(and 1 bias(es))" by writing a constant of the
+  activation's size (16x6 f32 for 16 tokens; the doc: a splat "is `axis`, not expanded to
+  the activation's size"), with `copied_bytes` 0. Without the second reader it is
+  refused `axis` as documented.
 - No decision: `transpose(call @same(x W)) * 0.3` where the private helper returns its
   argument unchanged: not inlined, nothing folds, nothing said (a helper that reshapes
   instead is inlined and folds).
@@ -430,6 +435,53 @@ def test_a_helper_behind_a_refused_batch_norm_stays_a_call(case: str) -> None:
     folded, report = _inlined_for_nothing(text)
     assert not report.folds
     assert "call @scaled" in folded, "inlined for nothing"
+
+
+def _splat_bias(tokens: int, shared: bool) -> str:
+    """A fused projection `x W + broadcast(0.5)` (a splat bias), q = its channels 0:3
+    scaled by 0.3, k = channels 3:6; `shared`: k's path also adds a slice of the splat."""
+    t = f"tensor<{tokens}x6xf32>"
+    k = f"  %k = stablehlo.slice %yb [0:{tokens}, 3:6] : ({t}) -> tensor<{tokens}x3xf32>"
+    if shared:
+        k = f"""  %k0 = stablehlo.slice %yb [0:{tokens}, 3:6] : ({t}) -> tensor<{tokens}x3xf32>
+  %bk = stablehlo.slice %bb [0:{tokens}, 0:3] : ({t}) -> tensor<{tokens}x3xf32>
+  %k = stablehlo.add %k0, %bk : tensor<{tokens}x3xf32>"""
+    return _module(f"""  %w = stablehlo.constant {W}
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<{tokens}x4xf32>, tensor<4x6xf32>) -> {t}
+  %b0 = stablehlo.constant dense<0.5> : tensor<f32>
+  %bb = stablehlo.broadcast_in_dim %b0, dims = [] : (tensor<f32>) -> {t}
+  %yb = stablehlo.add %y, %bb : {t}
+  %q = stablehlo.slice %yb [0:{tokens}, 0:3] : ({t}) -> tensor<{tokens}x3xf32>
+{k}
+  %c = stablehlo.constant dense<0.3> : tensor<{tokens}x3xf32>
+  %qs = stablehlo.multiply %q, %c : tensor<{tokens}x3xf32>
+  %r = stablehlo.dot_general %qs, %k, contracting_dims = [1] x [1] : (tensor<{tokens}x3xf32>, tensor<{tokens}x3xf32>) -> tensor<{tokens}x{tokens}xf32>""",
+                   f"%r : tensor<{tokens}x{tokens}xf32>", f"%x: tensor<{tokens}x4xf32>")
+
+
+def _activation_sized_constants(text: str, tokens: int) -> list[str]:
+    return [line for line in text.splitlines() if "stablehlo.constant dense<[" in line
+            and line.rstrip().endswith(f"tensor<{tokens}x6xf32>")]
+
+
+def test_held_a_partly_scaled_splat_bias_is_refused_axis() -> None:
+    text = _splat_bias(16, shared=False)
+    folded, report = bnfold.fold_text(text)
+    decisions = _decisions_at(report, _line_of(text, "%qs = stablehlo.multiply"))
+    assert decisions and all(d.startswith("skip axis") for d in decisions), decisions
+    assert not _activation_sized_constants(folded, 16)
+    _within_contract(text, folded)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "the same splat bias, also sliced into k's path: folded '(and 1 bias(es))' by writing "
+    "a 16x6 f32 constant (the activation's size: 384 bytes for the 4-byte splat, growing "
+    "with the token count) with copied_bytes 0; numbers are fine, the doc says `axis`"))
+def test_a_partly_scaled_splat_bias_another_op_reads_is_not_expanded() -> None:
+    text = _splat_bias(16, shared=True)
+    folded, report = bnfold.fold_text(text)
+    _within_contract(text, folded)
+    assert not _activation_sized_constants(folded, 16), "a constant of the activation's size"
 
 
 IDENTITY = """func.func private @same(%a: tensor<2x6xf32>) -> tensor<2x6xf32> {
