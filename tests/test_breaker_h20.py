@@ -8,7 +8,7 @@ gather gets a fold of kind `scale` ... or a refusal"; "else `users`"; a helper i
 "Only where the walk back from the scale ... reaches a weight behind the call (a
 `batch_norm_inference` of constants on the way counts as folded)").
 
-Bugs (strict xfail, one test each; numbers measured on XLA CPU, jax 0.11.2's jaxlib):
+Bugs (strict xfail, one test each; numbers measured on XLA CPU, jax/jaxlib 0.10.2 in /work/venv):
 
 - Wrong numbers: `concatenate(y, y)` of one linear output (dim 1 or 0, also behind a
   select, also a three-way concat), q a slice of one copy scaled by 0.3, k a slice of the
@@ -700,6 +700,15 @@ HELD = {
   %t = stablehlo.transpose %a, dims = [1, 0] : (tensor<2x6xf32>) -> tensor<6x2xf32>
   %c = {_c('0.3', '6x2')}
   %r = stablehlo.multiply %t, %c : tensor<6x2xf32>""", "%r : tensor<6x2xf32>"),
+    "zero_scale": _module(PROJ + f"""  %t = stablehlo.transpose %y, dims = [1, 0] : (tensor<2x6xf32>) -> tensor<6x2xf32>
+  %s = stablehlo.slice %t [0:3, 0:2] : (tensor<6x2xf32>) -> tensor<3x2xf32>
+  %c = {_c('0.0', '3x2')}
+  %r = stablehlo.multiply %s, %c : tensor<3x2xf32>""", "%r, %t : tensor<3x2xf32>, tensor<6x2xf32>"),
+    "divide_partial": _qk(
+        "  %q0 = stablehlo.slice %y [0:2, 0:3] : (tensor<2x6xf32>) -> tensor<2x3xf32>\n"
+        f"  %d = {_c('-8.0', '2x3')}\n"
+        "  %q = stablehlo.divide %q0, %d : tensor<2x3xf32>",
+        "  %k = stablehlo.slice %y [0:2, 3:6] : (tensor<2x6xf32>) -> tensor<2x3xf32>"),
     "relu_negative_scale": _module(PROJ + f"""  %z = {_c('0.0', '2x6')}
   %m = stablehlo.maximum %y, %z : tensor<2x6xf32>
   %t = stablehlo.transpose %m, dims = [1, 0] : (tensor<2x6xf32>) -> tensor<6x2xf32>
