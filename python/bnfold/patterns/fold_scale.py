@@ -265,6 +265,9 @@ class _Walk:
                 if isinstance(mapped, Refusal):
                     return mapped
                 if (twice := _read_twice(op, index, walked, mapped, law, mask, value)) is not None:
+                    owner = defining_op(op.operands[index])
+                    if owner is not None and owner.name in PRODUCERS:
+                        self.reached = True  # a layer's output: the scale gets its decision
                     return twice
                 if not np.any(mapped):
                     continue  # this operand holds none of the scaled part (a K slice's piece)
