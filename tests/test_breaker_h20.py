@@ -43,7 +43,7 @@ and the helpers inlined for nothing behind a refused batch norm, but for the sub
   activation's size (16x6 f32 for 16 tokens; the doc: a splat "is `axis`, not expanded to
   the activation's size"), with `copied_bytes` 0. Without the second reader it is
   refused `axis` as documented.
-- Wrong kind: `(x W) * rsqrt(64)` and `(x W) / sqrt(64)` are reported as a folded
+- Wrong kind (fixed): `(x W) * rsqrt(64)` and `(x W) / sqrt(64)` are reported as a folded
   *normalization* (kind `normalization`, form `decomposed`, empty note; the CLI prints
   "folded 1 normalization(s)" for a module with none); behind a transpose any constant
   scale, 0.125 itself included, is kind `affine`, form `decomposed`, empty note. Only
@@ -558,17 +558,15 @@ def test_held_an_eighth_right_after_a_layer_is_a_scale_fold(spelling: str) -> No
     _assert_a_scale_fold_of_an_eighth(_eighth(spelling))
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "reported kind `normalization` (x W * rsqrt(64), x W / sqrt(64): the CLI says 'folded "
-    "1 normalization(s)' for a module without one) or, behind a transpose, kind `affine` "
-    "(even the plain constant 0.125), form `decomposed`, empty note; the doc: kind "
-    "`scale`, the note naming the constant"))
 @pytest.mark.parametrize("spelling,op,transpose", [
     ("rsqrt", "multiply", False), ("constant", "divide", False),
     ("constant", "multiply", True), ("one_over_eight", "multiply", True)],
     ids=["times_rsqrt_64", "over_sqrt_64", "transposed_constant", "transposed_1_over_8"])
 def test_a_computed_or_transposed_eighth_is_a_scale_fold(spelling: str, op: str,
                                                          transpose: bool) -> None:
+    """Fixed: reported kind `normalization` (x W * rsqrt(64), x W / sqrt(64): the CLI said
+    'folded 1 normalization(s)' for a module without one) or, behind a transpose, kind
+    `affine` (even the plain constant 0.125), form `decomposed`, empty note."""
     _assert_a_scale_fold_of_an_eighth(_eighth(spelling, op, transpose))
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from bnfold import elements
 from bnfold.affine import LAYOUT, Affine, Step
 from bnfold.constants import Evaluator
 from bnfold.graph import defining_op
@@ -156,9 +157,17 @@ def has_variance(steps: list[Step]) -> bool:
     for step in steps:
         for index, operand in enumerate(step.op.operands):
             if index != step.x_index and any(
-                    op.name in ("stablehlo.rsqrt", "stablehlo.sqrt") for op in _constant_graph(operand)):
+                    op.name in ("stablehlo.rsqrt", "stablehlo.sqrt") and _per_channel(op)
+                    for op in _constant_graph(operand)):
                 return True
     return False
+
+
+def _per_channel(op: ir.Operation) -> bool:
+    """Whether an rsqrt or sqrt computes a vector, as a variance is: not attention's
+    `rsqrt(64.0)` of a scalar (a constant scale, however it is spelled)."""
+    ty = elements.ranked_type(op.results[0])
+    return ty is None or ty.rank > 0
 
 
 def _constant_graph(value: ir.Value) -> list[ir.Operation]:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import numpy as np
 
 from bnfold import elements, precision, producers
+from bnfold.affine import LAYOUT
 from bnfold.graph import carry_attributes, defining_op, function_name
 from bnfold.ir import ir, stablehlo
 from bnfold.producers import Kernel
@@ -163,8 +164,9 @@ def constant_scale(steps: list[Step], fit: Affine) -> bool:
     """Whether the chain is a constant scalar scale (`y * 0.1`, `logits / cap`: every
     channel scaled by the same constant, no shift), what fold-scale calls a constant
     scale: the report says so (kind "scale") whichever pattern folds it."""
-    return bool(steps) and all(s.name in ("stablehlo.multiply", "stablehlo.divide")
-                               for s in steps) and \
+    scales = [s for s in steps if s.name not in LAYOUT]  # a transpose before it is no step
+    return bool(scales) and all(s.name in ("stablehlo.multiply", "stablehlo.divide")
+                                for s in scales) and \
         bool(np.all(fit.shift == 0)) and bool(np.all(fit.scale == fit.scale[0])) and \
         abs(float(fit.scale[0])) != 1
 
