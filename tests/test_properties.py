@@ -535,42 +535,33 @@ def test_backward_dot_general_folds(case):
     check_case(case)
 
 
+# Failures the thorough profile found, replayed as explicit examples in every profile.
+THOROUGH = "the thorough profile, 2026-11-27"
+_BN = modgen.ChainSpec(form="bn", eps=1e-05, zero_shift=False, wrap="none", const_style="vec",
+                       swap=False)
+
+
+def _conv1(batch: int, in_features: int, pad_hi: int, explicit_pad: bool) -> modgen.Conv:
+    """A 1-D convolution of one output feature, window 1, over a size-1 spatial axis."""
+    return modgen.Conv(batch=batch, in_features=in_features, out_features=1, feature_groups=1,
+                       batch_groups=1, spatial=(modgen.Spatial(
+                           size=1, window=1, stride=1, pad_lo=0, pad_hi=pad_hi, lhs_dilation=1,
+                           rhs_dilation=1, reverse=False),),
+                       in_layout=("b", "f", "0"), kernel_layout=("i", "o", "0"),
+                       out_layout=("b", "f", "0"), explicit_pad=explicit_pad)
+
+
+def _found(producer: modgen.Conv | modgen.Dot, direction: str, pre: modgen.ChainSpec, *,
+           post: modgen.ChainSpec | None = None, variant: str = "none", seed: int = 1,
+           dtype: str = "f16") -> modgen.Case:
+    return modgen.Case(dtype=dtype, producer=producer, direction=direction, post=post, pre=pre,
+                       bias=False, variant=variant, variant_pos=0, wrong_axis=None, seed=seed)
+
+
 @given(modgen.cases(direction="forward"))
-@example(
-    case=modgen.Case(dtype='f32',
-     producer=modgen.Conv(batch=2,
-      in_features=1,
-      out_features=1,
-      feature_groups=1,
-      batch_groups=1,
-      spatial=(modgen.Spatial(size=1,
-        window=1,
-        stride=1,
-        pad_lo=0,
-        pad_hi=1,
-        lhs_dilation=1,
-        rhs_dilation=1,
-        reverse=False),),
-      in_layout=('b', 'f', '0'),
-      kernel_layout=('i', 'o', '0'),
-      out_layout=('b', 'f', '0'),
-      explicit_pad=True),
-     direction='forward',
-     post=None,
-     pre=modgen.ChainSpec(form='flax_linen',
-      eps=1e-05,
-      zero_shift=False,
-      wrap='none',
-      const_style='vec',
-      swap=False),
-     bias=False,
-     variant='none',
-     variant_pos=0,
-     wrong_axis=None,
-     seed=622,
-     kernel_style='const',
-     first_in_features=1),
-).via("the thorough profile, 2026-11-27")
+@example(case=_found(_conv1(batch=2, in_features=1, pad_hi=1, explicit_pad=True), "forward",
+                     dataclasses.replace(_BN, form="flax_linen"), seed=622, dtype="f32")
+         ).via(THOROUGH)
 def test_forward_folds(case):
     check_case(case)
 
@@ -581,73 +572,16 @@ def test_backward_must_not_fold_variants(case):
 
 
 @given(modgen.cases(direction="forward", variants=modgen.VARIANTS[1:]))
-@example(
-    case=modgen.Case(dtype='f16',
-     producer=modgen.Conv(batch=4,
-      in_features=2,
-      out_features=1,
-      feature_groups=1,
-      batch_groups=1,
-      spatial=(modgen.Spatial(size=1,
-        window=1,
-        stride=1,
-        pad_lo=0,
-        pad_hi=0,
-        lhs_dilation=1,
-        rhs_dilation=1,
-        reverse=False),),
-      in_layout=('b', 'f', '0'),
-      kernel_layout=('i', 'o', '0'),
-      out_layout=('b', 'f', '0'),
-      explicit_pad=False),
-     direction='forward',
-     post=None,
-     pre=modgen.ChainSpec(form='bn',
-      eps=1e-05,
-      zero_shift=False,
-      wrap='none',
-      const_style='vec',
-      swap=False),
-     bias=False,
-     variant='producer_multiuse',
-     variant_pos=0,
-     wrong_axis=None,
-     seed=1,
-     kernel_style='const',
-     first_in_features=1),
-).via("the thorough profile, 2026-11-27")
+@example(case=_found(_conv1(batch=4, in_features=2, pad_hi=0, explicit_pad=False), "forward", _BN,
+                     variant="producer_multiuse")).via(THOROUGH)
 def test_forward_must_not_fold_variants(case):
     check_case(case)
 
 
 @given(modgen.cases(direction="both"))
-@example(
-    case=modgen.Case(dtype='f16',
-     producer=modgen.Dot(weight_rhs=False,
-      act_dims=(('b', 0, 4), ('c', 0, 2)),
-      weight_dims=(('b', 0, 4), ('c', 0, 2), ('w', 0, 1)),
-      feature=0),
-     direction='both',
-     post=modgen.ChainSpec(form='bn',
-      eps=1e-05,
-      zero_shift=False,
-      wrap='none',
-      const_style='vec',
-      swap=False),
-     pre=modgen.ChainSpec(form='bn',
-      eps=1e-05,
-      zero_shift=False,
-      wrap='none',
-      const_style='vec',
-      swap=False),
-     bias=False,
-     variant='none',
-     variant_pos=0,
-     wrong_axis=None,
-     seed=1,
-     kernel_style='const',
-     first_in_features=1),
-).via("the thorough profile, 2026-11-27")
+@example(case=_found(modgen.Dot(weight_rhs=False, act_dims=(("b", 0, 4), ("c", 0, 2)),
+                                weight_dims=(("b", 0, 4), ("c", 0, 2), ("w", 0, 1)), feature=0),
+                     "both", _BN, post=_BN)).via(THOROUGH)
 def test_both_directions(case):
     check_case(case)
 
