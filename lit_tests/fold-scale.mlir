@@ -384,3 +384,26 @@ func.func private @scaled(%arg0: tensor<2x8xf32>) -> tensor<2x8xf32> {
   %m = stablehlo.multiply %arg0, %c : tensor<2x8xf32>
   return %m : tensor<2x8xf32>
 }
+
+// -----
+
+// q is a slice of one copy of concatenate(%y, %y), k the same channels of the other copy:
+// a scale on q's channels of W would scale k too. Refused (users); nothing changes.
+
+// CHECK-LABEL: func.func @concat_of_itself_keeps_its_scale
+// CHECK:       %[[W:.+]] = stablehlo.constant dense<{{\[}}[5.000000e-01, -1.000000e+00, 2.500000e-01, 2.000000e+00]
+// CHECK:       %[[Y:.+]] = stablehlo.dot_general %arg0, %[[W]]
+// CHECK:       stablehlo.concatenate %[[Y]], %[[Y]], dim = 1
+// CHECK:       stablehlo.multiply
+// CHECK:       return
+func.func @concat_of_itself_keeps_its_scale(%x: tensor<2x2xf32>) -> tensor<2x2xf32> {
+  %w = stablehlo.constant dense<[[0.5, -1.0, 0.25, 2.0], [1.5, 0.75, -0.5, 1.0]]> : tensor<2x4xf32>
+  %y = stablehlo.dot_general %x, %w, contracting_dims = [1] x [0] : (tensor<2x2xf32>, tensor<2x4xf32>) -> tensor<2x4xf32>
+  %b = stablehlo.concatenate %y, %y, dim = 1 : (tensor<2x4xf32>, tensor<2x4xf32>) -> tensor<2x8xf32>
+  %q = stablehlo.slice %b [0:2, 0:2] : (tensor<2x8xf32>) -> tensor<2x2xf32>
+  %k = stablehlo.slice %b [0:2, 4:6] : (tensor<2x8xf32>) -> tensor<2x2xf32>
+  %c = stablehlo.constant dense<3.000000e-01> : tensor<2x2xf32>
+  %qs = stablehlo.multiply %q, %c : tensor<2x2xf32>
+  %s = stablehlo.dot_general %qs, %k, contracting_dims = [1] x [1] : (tensor<2x2xf32>, tensor<2x2xf32>) -> tensor<2x2xf32>
+  return %s : tensor<2x2xf32>
+}
