@@ -215,6 +215,8 @@ class _Walk:
             if other != user and other != self.match.root and \
                     self.handle(other) not in self.region and not self.forward(other) and \
                     not _reads_unscaled(other, mask):
+                if _from_producer(value):
+                    self.reached = True  # a weight lies behind the reader: a decision is due
                 return Refusal(Code.USERS, f"{_name(value)} is also read by {other.name}, which "
                                            "does not lead to the scale; scaling it would change "
                                            "that op")
@@ -889,6 +891,24 @@ def _read_twice(op: ir.Operation, index: int, walked: tuple[int, ...], mapped: l
                                    f"and {other}), and the scale would reach both copies where "
                                    f"only one carries it; scaling it would change that op")
     return None
+
+
+_VIEWS = frozenset({"stablehlo.slice", "stablehlo.reshape", "stablehlo.transpose",
+                    "stablehlo.broadcast_in_dim", "stablehlo.convert"})
+
+
+def _from_producer(value: ir.Value, steps: int = 16) -> bool:
+    """Whether `value` is a linear producer's (or gather's) result, or a view of one (slices,
+    reshapes, transposes, broadcasts, converts: a fused projection's q): the walk would have
+    reached its weight had the value had no other reader, so that refusal is the scale's
+    decision. Not through arithmetic: a norm's own statistics (`sum(x W + b) / n`) read a
+    layer's output too, and their divide gets no decision of its own."""
+    for _ in range(steps):
+        op = defining_op(value)
+        if op is None or op.name not in _VIEWS:
+            return op is not None and op.name in PRODUCERS
+        value = op.operands[0]
+    return False
 
 
 def _squeeze(mask: laws.Mask) -> laws.Mask | None:
