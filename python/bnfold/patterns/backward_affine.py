@@ -301,15 +301,25 @@ def _caller_part_refused(passed: ir.Value, analysis: Analysis) -> bool:
     are refused on their own for a reason the helper's steps after them cannot undo (a
     parameter mean, the batch axis): inlining the helper would then gain nothing."""
     owner = defining_op(passed)
-    step = analysis.step(owner) if owner is not None else None
-    if step is None:
+    if owner is None or analysis.step(owner) is None:
         return False  # the producer's own result: the caller has no part
+    plan = _dry_plan(owner, analysis, require_normalizing=False)
+    return plan is None or isinstance(plan, Refusal) and plan.code in _FINAL
+
+
+def _dry_plan(op: ir.Operation, analysis: Analysis, *, require_normalizing: bool = True,
+              narrow_kernels: bool = False) -> Plan | Refusal | None:
+    """This pattern's plan, now, for the whole chain the step `op` belongs to (None: no
+    step, or no producer before the chain). No arena: the plan is only looked at."""
+    step = analysis.step(op)
+    if step is None:
+        return None
     chain = chains.chain_of(step, analysis)
     found = source(chain, analysis)
-    if found is None:
-        return True
-    plan = plan_fold(found, chain, analysis, require_normalizing=False)
-    return isinstance(plan, Refusal) and plan.code in _FINAL
+    if found is None or analysis.is_dead(chain.tail.op):
+        return None
+    return plan_fold(found, chain, analysis, require_normalizing=require_normalizing,
+                     narrow_kernels=narrow_kernels)
 
 
 def _scales_argument(argument: ir.Value, analysis: Analysis) -> bool:
@@ -472,15 +482,8 @@ def would_fold(norm: ir.Operation, analysis: Analysis, narrow_kernels: bool = Fa
     """Whether this pattern folds `norm` (a chain step) into the producer before it, judged
     now by its own match and plan, as it will be in the FOLD stage (fold-scale's inlining
     walk asks during PREPARE; no arena: the plan is dropped)."""
-    step = analysis.step(norm)
-    if step is None:
-        return False
-    chain = chains.chain_of(step, analysis)
-    found = source(chain, analysis)
-    if found is None or analysis.is_dead(chain.tail.op):
-        return False
-    plan = plan_fold(found, chain, analysis, narrow_kernels=narrow_kernels)
-    return not isinstance(plan, Refusal) and any(op_id(s.op) == op_id(norm) for s in plan.steps)
+    plan = _dry_plan(norm, analysis, narrow_kernels=narrow_kernels)
+    return isinstance(plan, Plan) and any(op_id(s.op) == op_id(norm) for s in plan.steps)
 
 
 class BackwardAffine(Pattern[Chain, Match, Plan]):
