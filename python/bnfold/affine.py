@@ -243,7 +243,7 @@ def _apply_batch_norm(affine: Affine, op: ir.Operation, evaluator: Evaluator) ->
     eps = ir.FloatAttr(op.attributes["epsilon"]).value
     stats["epsilon"] = np.asarray(eps, dtype=np.float64)
     denom = stats["variance"] + eps
-    if np.any(denom <= 0) or not np.all(np.isfinite(denom)):
+    if (denom <= 0).any() or not np.isfinite(denom).all():
         return Refusal(Code.PRECISION, "variance + epsilon is not positive and finite")
     a = stats["gamma"] / np.sqrt(denom)
     scale = affine.scale * a

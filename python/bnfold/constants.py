@@ -79,6 +79,9 @@ class Evaluator:
         self._memo: dict[ir.Value, Result] = dict(bindings or {})
         self._depth = depth
         self._functions = functions
+        # (shape, dtype, compute dtype) per static result type: MLIR uniques types, and a
+        # module's constants have a handful of them
+        self._types: dict[ir.Type, tuple[tuple[int, ...], np.dtype, np.dtype]] = {}
 
     # -- public ---------------------------------------------------------------
 
@@ -152,14 +155,18 @@ class Evaluator:
         if handler is None:
             return _NOT_CONSTANT_OP.get(name) or _NOT_CONSTANT_OP.setdefault(
                 name, NotConst(f"{name} is not a constant operation"))
-        ty = elements.tensor_type(value)
-        if ty is None and name == "stablehlo.dynamic_broadcast_in_dim":
-            return self._dynamic_broadcast(op, value)
-        if ty is None:
-            return NotConst(f"{name} result has a dynamic or non-tensor type")
-        dtype = elements.numpy_dtype(ty.element_type)
-        if dtype is None:
-            return NotConst(f"element type {ty.element_type} is not supported")
+        typed = self._types.get(value_type := value.type)
+        if typed is None:
+            ty = elements.tensor_type(value_type)
+            if ty is None and name == "stablehlo.dynamic_broadcast_in_dim":
+                return self._dynamic_broadcast(op, value)
+            if ty is None:
+                return NotConst(f"{name} result has a dynamic or non-tensor type")
+            dtype = elements.numpy_dtype(ty.element_type)
+            if dtype is None:
+                return NotConst(f"element type {ty.element_type} is not supported")
+            typed = self._types[value_type] = (tuple(ty.shape), dtype, elements.compute_dtype(dtype))
+        shape, dtype, compute = typed
         if name == "func.call":
             return self._evaluate_call(op, value)
         args: list[Const] = []
@@ -168,7 +175,6 @@ class Evaluator:
             if isinstance(r, NotConst):
                 return r
             args.append(r)
-        shape = tuple(ty.shape)
         try:
             array = handler(op, args, shape, dtype)
         except (ValueError, TypeError, ZeroDivisionError, OverflowError) as e:
@@ -178,7 +184,7 @@ class Evaluator:
         array = np.asarray(array)
         if array.ndim != len(shape):
             return NotConst(f"cannot evaluate {name}: rank mismatch")
-        if array.dtype != elements.compute_dtype(dtype):
+        if array.dtype != compute:
             try:
                 array = _cast(array, dtype)
             except ValueError as e:

@@ -24,6 +24,8 @@ it in the chain.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 from bnfold import elements
@@ -41,34 +43,45 @@ _MAX_DEPTH = 12
 NO_MEAN = ("the batch norm folded into it ({}) states no mean (y * rsqrt(var + eps) * gamma "
            "+ c: c is beta for a zero mean, or beta - mean * gamma * rsqrt(var + eps) where an "
            "exporter merged them), so the mean of its output is unknown")
-_PASS_THROUGH = ("stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert",
-                 "stablehlo.transpose", "stablehlo.multiply", "stablehlo.divide",
-                 "stablehlo.dynamic_broadcast_in_dim",
-                 "stablehlo.add", "stablehlo.subtract", "stablehlo.negate", "chlo.broadcast_add")
+# The ops `_constant_graph` walks through (elementwise and layout ops, and the rsqrt/sqrt
+# over a variance).
+_WALKED = frozenset({"stablehlo.reshape", "stablehlo.broadcast_in_dim", "stablehlo.convert",
+                     "stablehlo.transpose", "stablehlo.multiply", "stablehlo.divide",
+                     "stablehlo.dynamic_broadcast_in_dim", "stablehlo.add",
+                     "stablehlo.subtract", "stablehlo.negate", "chlo.broadcast_add",
+                     "stablehlo.rsqrt", "stablehlo.sqrt"})
 
 
-def recover(steps: list[Step], fit: Affine, evaluator: Evaluator) -> dict[str, np.ndarray] | None:
-    """`gamma`, `beta`, `mean`, `variance`, `epsilon` of the chain, or None if not recognisable.
+class Reading(NamedTuple):
+    """What a chain's constants say about the batch norm that made it."""
+
+    params: dict[str, np.ndarray] | None  # gamma, beta, mean, variance, epsilon, or None
+    no_mean: bool  # the variance is there and the mean is not (`NO_MEAN`)
+
+
+def read(steps: list[Step], fit: Affine, evaluator: Evaluator) -> Reading:
+    """The chain's `gamma`, `beta`, `mean`, `variance`, `epsilon` (None if not
+    recognisable), and whether it states a variance but no mean.
 
     Additive steps before the mean subtraction (a convolution's own bias) are
-    part of the batch norm's input: `beta = t + s * (mean - bias)`.
+    part of the batch norm's input: `beta = t + s * (mean - bias)`. One walk of
+    the constants answers both (a fold's record asks both of the same chain).
     """
     parts = _parts(steps, evaluator, fit.channels)
     if parts is None:
-        return None
+        return Reading(None, False)
     bias, mean, variance = parts
     if variance is None or mean is None:
-        return None
+        return Reading(None, mean is None and variance is not None)
     var, eps = variance
-    return {"gamma": fit.scale * np.sqrt(var + eps), "beta": fit.shift + fit.scale * (mean - bias),
-            "mean": mean, "variance": var, "epsilon": eps}
+    return Reading({"gamma": fit.scale * np.sqrt(var + eps),
+                    "beta": fit.shift + fit.scale * (mean - bias),
+                    "mean": mean, "variance": var, "epsilon": eps}, False)
 
 
-def states_no_mean(steps: list[Step], fit: Affine, evaluator: Evaluator) -> bool:
-    """Whether the chain reads as a batch norm whose variance is there and whose mean is
-    not: `y * rsqrt(var + eps) * gamma + c` (`NO_MEAN`)."""
-    parts = _parts(steps, evaluator, fit.channels)
-    return parts is not None and parts[1] is None and parts[2] is not None
+def recover(steps: list[Step], fit: Affine, evaluator: Evaluator) -> dict[str, np.ndarray] | None:
+    """`read(...).params`: the batch norm's parameters, or None if not recognisable."""
+    return read(steps, fit, evaluator).params
 
 
 def _parts(steps: list[Step], evaluator: Evaluator, channels: int
@@ -80,11 +93,12 @@ def _parts(steps: list[Step], evaluator: Evaluator, channels: int
     if leading is None:
         return None
     bias, mean = leading
+    seen: dict[ir.Value, int] = {}  # the steps' constants share subgraphs (Keras: inv twice)
     for step in steps:
         for index, operand in enumerate(step.op.operands):
             if index == step.x_index:
                 continue
-            for op in _constant_graph(operand):
+            for op in _constant_graph(operand, seen):
                 if variance is None and op.name in ("stablehlo.rsqrt", "stablehlo.sqrt"):
                     variance = _variance(op, evaluator, channels)
                 if mean is None and op.name == "stablehlo.negate":
@@ -170,17 +184,24 @@ def _per_channel(op: ir.Operation) -> bool:
     return ty is None or ty.rank > 0
 
 
-def _constant_graph(value: ir.Value) -> list[ir.Operation]:
-    """The ops computing a constant operand (depth-limited, pure elementwise and layout ops)."""
+def _constant_graph(value: ir.Value, seen: dict[ir.Value, int] | None = None
+                    ) -> list[ir.Operation]:
+    """The ops computing a constant operand (depth-limited, pure elementwise and layout ops),
+    leaving out the subgraphs `seen` has walked from a depth no greater (it gets the values
+    walked here, at their depth)."""
     found: list[ir.Operation] = []
     stack = [(value, 0)]
     while stack:
         current, depth = stack.pop()
+        if seen is not None:
+            if seen.get(current, _MAX_DEPTH + 1) <= depth:
+                continue
+            seen[current] = depth
         op = defining_op(current)
         if op is None or depth > _MAX_DEPTH:
             continue
         found.append(op)
-        if op.name in _PASS_THROUGH or op.name in ("stablehlo.rsqrt", "stablehlo.sqrt"):
+        if op.name in _WALKED:
             stack += [(v, depth + 1) for v in op.operands]
     return found
 
@@ -199,9 +220,9 @@ def _variance(op: ir.Operation, evaluator: Evaluator, channels: int
     b = _vector(add.operands[1], evaluator, channels)
     if a is None or b is None:
         return None
-    if np.all(b == b[0]) and not np.all(a == a[0]):
+    if (b == b[0]).all() and not (a == a[0]).all():
         return a, b
-    if np.all(a == a[0]) and not np.all(b == b[0]):
+    if (a == a[0]).all() and not (b == b[0]).all():
         return b, a
     return (a, b) if float(np.max(b)) <= float(np.max(a)) else (b, a)
 

@@ -178,12 +178,12 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
         return reasons[0][1] if reasons else Refusal(Code.NOTHING, "nothing to fold")
     composed, kernel_axes = best
     fit = composed.affine
-    if not (np.all(np.isfinite(fit.scale)) and np.all(np.isfinite(fit.shift))):
+    if not (np.isfinite(fit.scale).all() and np.isfinite(fit.shift).all()):
         return Refusal(Code.PRECISION, "folded scale or shift is not finite")
     rewrites: list[KernelRewrite] | None = None
     # A normalization always gets new, canonical kernel constants; merging a
     # bias (require_normalizing=False) keeps the kernels when the scale is 1.
-    if require_normalizing or np.any(fit.scale != 1):
+    if require_normalizing or (fit.scale != 1).any():
         rewrites = []
         scaled_in = compute if narrow_kernels else \
             _scaled_in(list(composed.steps), fit, compute, analysis)
@@ -201,13 +201,13 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
             rewrites.append(planned)
     lead = affine.leading_converts(list(composed.steps))
     holds = _narrowest(compute, lead)
-    if rewrites is not None and np.any(np.abs(fit.scale) > 1) and (
+    if rewrites is not None and (np.abs(fit.scale) > 1).any() and (
             problem := precision.grown_result(
                 fit.scale, _overshoot(composed, Affine.identity(shape, fit.origin), holds),
                 lambda: _result_bound(list(composed.steps), fit, analysis), holds,
                 _producer_word(source.leaves[0]))):
         return problem
-    bias = fit.shift if np.any(fit.shift != 0) else None
+    bias = fit.shift if (fit.shift != 0).any() else None
     bias_type = elements.ranked_type(lead[-1].result if lead else source.value)
     bias_dtype = elements.numpy_dtype(bias_type.element_type) if bias_type else compute
     if bias is not None and (problem := precision.check_bias(bias, bias_dtype or compute)):
@@ -569,8 +569,10 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
         options = ctx.options
         if options.needs_statistics:
             evaluator = ctx.analysis.evaluator
+            reading = None
             if "gamma" not in fold.params and fold.kind == "normalization":
-                fold.params.update(statistics.recover(steps, plan.affine, evaluator) or {})
+                reading = statistics.read(steps, plan.affine, evaluator)
+                fold.params.update(reading.params or {})
             output = statistics.pre_activation(steps, plan.affine, fold.params, evaluator)
             if output is not None:
                 mean, spread, deviation = output
@@ -578,8 +580,8 @@ class BackwardAffine(Pattern[Chain, Match, Plan]):
                     # The fold's shift is the bias it adds after the producer.
                     ctx.ledger.set_statistics(producer, Statistics(
                         mean, spread, plan.affine.shift, deviation))
-            elif fold.kind == "normalization" and "mean" not in fold.params and \
-                    statistics.states_no_mean(steps, plan.affine, evaluator):
+            elif fold.kind == "normalization" and "mean" not in fold.params and (
+                    reading or statistics.read(steps, plan.affine, evaluator)).no_mean:
                 for producer in applied.producers:
                     ctx.ledger.set_no_statistics(producer, statistics.NO_MEAN.format(fold.id))
         rest = list(plan.chain.steps[len(steps):]) if plan.chain is not None else []

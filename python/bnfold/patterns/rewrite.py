@@ -167,7 +167,7 @@ def constant_scale(steps: list[Step], fit: Affine) -> bool:
     scales = [s for s in steps if s.name not in LAYOUT]  # a transpose before it is no step
     return bool(scales) and all(s.name in ("stablehlo.multiply", "stablehlo.divide")
                                 for s in scales) and \
-        bool(np.all(fit.shift == 0)) and bool(np.all(fit.scale == fit.scale[0])) and \
+        bool((fit.shift == 0).all()) and bool((fit.scale == fit.scale[0]).all()) and \
         abs(float(fit.scale[0])) != 1
 
 
