@@ -832,3 +832,37 @@ def test_a_crash_reproducer_keeps_every_argument_but_the_input(cli, cli_tmpdir, 
     (repro,) = reproducers(cli_tmpdir)
     command = next(line for line in result.err.splitlines() if line.startswith("  bnfold-opt"))
     assert shlex.split(command) == ["bnfold-opt", str(cli_tmpdir / repro / "input"), *flags]
+
+
+def test_jax_dialects_parse_and_their_op_classes_load_only_when_used(tmp_path):
+    """chlo, mhlo and sdy ops parse and print through (make_context registers the three
+    dialects from their native modules), and a module without them does not import their
+    generated op classes: bnfold builds none, and importing them cost ~30 ms of every
+    process (issue 35). (MLIR's bindings import a dialect's classes when they first meet
+    one of its ops.)"""
+    with_ops = tmp_path / "jax_dialects.mlir"
+    with_ops.write_text(
+        'sdy.mesh @mesh = <["a"=2]>\n'
+        "func.func @main(%x: tensor<2xf32>) -> tensor<2xf32> {\n"
+        "  %0 = chlo.tan %x : tensor<2xf32> -> tensor<2xf32>\n"
+        "  %1 = mhlo.add %0, %0 : tensor<2xf32>\n"
+        "  return %1 : tensor<2xf32>\n"
+        "}\n")
+    without = tmp_path / "plain.mlir"
+    without.write_text(TESTDATA.joinpath("conv2d_nhwc_bn.mlir").read_text())
+
+    def imported(src: Path) -> list[str]:
+        code = ("import sys\nfrom bnfold.cli import main\n"
+                f"status = main(['-q', {str(src)!r}, '-o', {str(src) + '.out'!r}])\n"
+                "print(status, *sorted(m.rsplit('.', 1)[-1] for m in sys.modules "
+                "if m.endswith(('_chlo_ops_gen', '_mhlo_ops_gen', '_sdy_ops_gen'))))\n")
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              check=True)
+        status, *names = done.stdout.split()
+        assert status == "0", done.stdout + done.stderr
+        return names
+
+    assert imported(without) == []
+    assert imported(with_ops)  # the bindings loaded what the module uses
+    out = Path(str(with_ops) + ".out").read_text()
+    assert "chlo.tan" in out and "mhlo.add" in out and "sdy.mesh @mesh" in out
