@@ -5,6 +5,11 @@
     attributes.ints       a dense array read by index == iterated
     Rewriter.is_replaced  the replaced ops' addresses == their handles among the tombstones
     --check's help        bnfold.check imported when the help is shown, not by every run
+    format_location       a file location's fields == its printed form, reformatted
+    numpy_dtype, is_float the bindings' type class == the TypeID (and the name)
+    any_true, all_true    np.count_nonzero == ndarray.any / ndarray.all
+    defining_op           one attribute read == the isinstance checks
+    the CLI process       runs without the cyclic collector
 """
 
 from __future__ import annotations
@@ -14,9 +19,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from bnfold import attributes
+from bnfold import attributes, elements, graph
 from bnfold import ir as bir
 from bnfold.constants import Evaluator
 from bnfold.rewriter import Rewriter
@@ -143,3 +149,99 @@ assert f"default {DEFAULT_DIM};" in text
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          check=False)
     assert run.returncode == 0, run.stderr
+
+
+# File names MLIR prints as they are, and ones it escapes (a quote, a backslash, a tab,
+# non-ASCII); names a caller substitutes for "-" (text parsed from memory), odd ones too.
+_FILES = ["-", "x.py", "a b.py", 'q"uote.py', "back\\slash.py", "caf\u00e9.py", "tab\t.py", "",
+          "/abs/path/model.mlir", "~`{}|[]^_@?>=<;:/.,+*()'&%$#!"]
+_NAMES = [None, "given.mlir", 'we"ird', "na\u00efve", "-", "a\\b"]
+
+
+def _printed_form(loc: bir.ir.Location, name: str | None) -> str:
+    """format_location by the printed form alone (the fast path switched off)."""
+    saved = bir._FILE_LINE_COL
+    bir._FILE_LINE_COL = None
+    try:
+        return bir.format_location(loc, name)
+    finally:
+        bir._FILE_LINE_COL = saved
+
+
+def test_file_locations_read_from_their_fields_as_printed() -> None:
+    assert bir._FILE_LINE_COL is not None, "jaxlib lost FileLineColLoc: the fast path is off"
+    with bir.make_context():
+        checked = 0
+        for file in _FILES:
+            for start, end in [((1, 2), (1, 2)), ((3, 4), (5, 6)), ((0, 0), (0, 0)),
+                               ((7, 1), (7, 9))]:
+                loc = bir.ir.Location.file(file, *start, *end) if start != end else \
+                    bir.ir.Location.file(file, *start)
+                for name in _NAMES:
+                    assert bir.format_location(loc, name) == _printed_form(loc, name), \
+                        (file, start, end, name, str(loc))
+                    checked += 1
+        # The other kinds have no fields to read: the printed form, as before.
+        others = [bir.ir.Location.name("n", bir.ir.Location.file("f.py", 1, 2)),
+                  bir.ir.Location.unknown(),
+                  bir.ir.Location.fused([bir.ir.Location.file("a.py", 1, 2),
+                                         bir.ir.Location.file("b.py", 3, 4)])]
+        assert [bir.format_location(loc, "g") for loc in others] == \
+            ["n", "unknown", 'fused["a.py":1:2, "b.py":3:4]']
+    assert checked == len(_FILES) * 4 * len(_NAMES)
+
+
+def test_numpy_dtype_by_type_class_is_the_typeid_answer() -> None:
+    names = ["f16", "bf16", "f32", "f64", "i1", "i4", "i8", "ui8", "i16", "i32", "i64",
+             "f8E4M3FN", "complex<f32>", "index"]
+    with bir.make_context():
+        for name in names:
+            typed = bir.ir.Type.parse(name)  # the bindings give the concrete class
+            plain = bir.ir.Type(typed)  # a plain ir.Type: the TypeID path
+            assert type(plain) is bir.ir.Type
+            assert elements.numpy_dtype(typed) == elements.numpy_dtype(plain), name
+            assert elements.is_float(typed) == elements.is_float(plain) == \
+                (name in ("f16", "bf16", "f32", "f64")), name
+        assert elements.numpy_dtype(bir.ir.Type.parse("f32")) == np.float32
+        assert elements.numpy_dtype(bir.ir.Type.parse("complex<f32>")) is None
+
+
+@pytest.mark.parametrize("mask", [np.zeros(0, bool), np.zeros(3, bool), np.ones(3, bool),
+                                  np.array([True, False]), np.array([[False], [True]]),
+                                  np.array([1.0, np.nan]) != 1.0, np.bool_(True)])
+def test_mask_predicates_answer_any_and_all(mask: np.ndarray) -> None:
+    assert elements.any_true(mask) is bool(mask.any())
+    assert elements.all_true(mask) is bool(mask.all())
+
+
+def test_defining_op_is_the_owner_op_or_none() -> None:
+    context = bir.make_context()
+    module = bir.parse(CONSTANTS, context)
+    with context:
+        ops = _ops(module)
+        for op in ops:
+            for value in op.operands:
+                owner = value.owner
+                expected = owner.operation if isinstance(owner, bir.ir.OpView) else \
+                    owner if isinstance(owner, bir.ir.Operation) else None
+                assert graph.defining_op(value) == expected
+                assert graph.as_operation(owner) == expected
+        assert any(graph.defining_op(v) is None for op in ops for v in op.operands)
+
+
+def test_the_cli_process_runs_without_the_cyclic_collector(tmp_path: Path) -> None:
+    """`bnfold-opt` and `python -m bnfold` turn the collector off (bnfold.cli.run); a
+    library caller's process keeps it."""
+    code = ("import gc, sys, bnfold.cli as cli\n"
+            "assert gc.isenabled()\n"
+            "cli.main = lambda: print('collector', gc.isenabled()) or 0\n"
+            "cli.run()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False)
+    assert (run.returncode, run.stdout.strip()) == (0, "collector False"), run.stderr
+    module = ROOT / "testdata" / "conv2d_nhwc_bn.mlir"
+    out = tmp_path / "folded.mlir"
+    run = subprocess.run([sys.executable, "-m", "bnfold", "-q", str(module), "-o", str(out)],
+                         capture_output=True, text=True, check=False)
+    assert run.returncode == 0, run.stderr
+    assert "stablehlo.batch_norm_inference" not in out.read_text()

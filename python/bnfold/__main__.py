@@ -1,5 +1,9 @@
 """`python -m bnfold` is `bnfold-opt`."""
 
-from bnfold.cli import run
+import gc
+
+gc.disable()  # before the imports as well: see bnfold.cli.run
+
+from bnfold.cli import run  # noqa: E402
 
 run()

@@ -50,10 +50,12 @@ SHAPE_QUERIES = frozenset({"stablehlo.get_dimension_size"})
 class Analysis:
     """Constants, chain steps and liveness of one module during one run."""
 
-    def __init__(self, module: ir.Module, rewriter: Rewriter | None = None) -> None:
+    def __init__(self, module: ir.Module, rewriter: Rewriter | None = None, *,
+                 errors_ignored: bool = False) -> None:
         self.module = module
         self.rewriter = rewriter if rewriter is not None else Rewriter()
-        self.evaluator = Evaluator(module)
+        self._errors_ignored = errors_ignored  # see `Evaluator`
+        self.evaluator = Evaluator(module, errors_ignored=errors_ignored)
         self._steps: dict[ir.Value, Step | None] = {}
         self._dead: dict[int, bool] = {}
         self._handed: dict[str, list[tuple[Any, tuple[ir.Operation, ...]]]] = {}
@@ -166,7 +168,7 @@ class Analysis:
         self._handed.clear()  # it holds ops: nothing of them may outlive the run
         self._steps.clear()
         self._dead.clear()
-        self.evaluator = Evaluator(self.module)  # a fresh, empty one
+        self.evaluator = Evaluator(self.module, errors_ignored=self._errors_ignored)  # empty
 
 
 def _called_within(name: str, table: dict[str, ir.Operation]) -> set[str]:

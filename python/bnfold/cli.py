@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import gc
 import os
 import re
 import sys
@@ -259,9 +260,17 @@ def run() -> NoReturn:
     written and closed by then; freeing each attribute of a large model (the
     original and the folded kernels) one by one costs tens of milliseconds that
     the OS reclaims at once (compilers skip it the same way: clang's
-    -disable-free)."""
+    -disable-free).
+
+    The process runs without Python's cyclic garbage collector (`__main__` turns
+    it off before the imports too). A run leaves under 2,000 objects in cycles,
+    however large the model (measured: 300 layers, ResNet-50 with quantization),
+    so the collector frees nothing that matters, while its passes over the
+    bindings' wrappers cost ~2% of a run (10 ms of the 300-layer bench); reference
+    counting frees the rest."""
     global _retained
     _retained = []
+    gc.disable()
     code = main()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -49,9 +49,20 @@ def is_bf16(dtype: np.dtype) -> bool:
     return dtype.kind == "V" and dtype.name == "bfloat16"
 
 
+# The same by the bindings' type class (`element_type` gives the concrete one): a class
+# is a cheaper key than a TypeID, which is made on each read.
+_FLOAT_CLASSES: dict[type, np.dtype | None] = {
+    ir.F16Type: _FLOATS["f16"], ir.BF16Type: None, ir.F32Type: _FLOATS["f32"],
+    ir.F64Type: _FLOATS["f64"],
+}
+
+
 def numpy_dtype(element_type: ir.Type) -> np.dtype | None:
     """The numpy dtype of an MLIR element type, or None if bnfold cannot compute with it."""
-    typeid = element_type.typeid
+    cls = type(element_type)
+    if cls in _FLOAT_CLASSES:
+        return _FLOAT_CLASSES[cls] or bfloat16()
+    typeid = element_type.typeid  # a plain `ir.Type` of a float type
     if typeid in _FLOAT_TYPEIDS:
         return _FLOAT_TYPEIDS[typeid] or bfloat16()
     return _numpy_dtype(element_type)
@@ -74,7 +85,7 @@ def _numpy_dtype(element_type: ir.Type) -> np.dtype | None:
 
 
 def is_float(element_type: ir.Type) -> bool:
-    return element_type.typeid in _FLOAT_TYPEIDS
+    return type(element_type) in _FLOAT_CLASSES or element_type.typeid in _FLOAT_TYPEIDS
 
 
 def tensor_type(value_or_type: ir.Value | ir.Type) -> ir.RankedTensorType | None:
@@ -112,6 +123,17 @@ def ranked_type(value_or_type: ir.Value | ir.Type) -> ir.RankedTensorType | None
 def shape_of(ty: ir.RankedTensorType) -> tuple[int, ...]:
     """The shape with -1 for symbolic dimensions."""
     return tuple(-1 if ty.is_dynamic_dim(d) else ty.shape[d] for d in range(ty.rank))
+
+
+def any_true(mask: np.ndarray) -> bool:
+    """`mask.any()` of a boolean array, a fifth of its cost on a small one (no
+    Python-level dispatch): the per-fold checks ask a dozen times a fold."""
+    return bool(np.count_nonzero(mask))
+
+
+def all_true(mask: np.ndarray) -> bool:
+    """`mask.all()` of a boolean array (see `any_true`)."""
+    return int(np.count_nonzero(mask)) == mask.size
 
 
 def compute_dtype(dtype: np.dtype) -> np.dtype:

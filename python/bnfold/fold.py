@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 from bnfold import driver
 from bnfold.analysis import Analysis
 from bnfold.errors import BnfoldError
@@ -57,7 +59,9 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
                         f"{_describe(module)}{hint}")
     options = options or FoldOptions()
     rewriter = Rewriter()
-    with module.context, ir.Location.unknown():
+    # Floating-point exceptions of the float64 constant math (x / 0, overflow) are
+    # results the checks judge (a scale that is not finite is refused), never warnings.
+    with module.context, ir.Location.unknown(), np.errstate(all="ignore"):
         nodes = None
         if graph_nodes:
             from bnfold import overlay  # only --report-overlay needs it
@@ -68,7 +72,8 @@ def fold_module(module: ir.Module, options: FoldOptions | None = None, *,
         ledger = Ledger(rewriter, source_name, nodes)
         if take_statistics:
             ledger.take(module)
-        ctx = driver.Context(module, options, rewriter, Analysis(module, rewriter), ledger)
+        ctx = driver.Context(module, options, rewriter,
+                             Analysis(module, rewriter, errors_ignored=True), ledger)
         driver.run(ctx, registry)
         report = ledger.report()
         if graph_nodes:

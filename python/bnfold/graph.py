@@ -25,14 +25,15 @@ _IMPURE = frozenset({
 
 
 def as_operation(owner: object) -> ir.Operation | None:
-    if isinstance(owner, ir.OpView):
-        return owner.operation
-    return owner if isinstance(owner, ir.Operation) else None
+    """The `ir.Operation` of an op (an `OpView` or itself); None for anything else (a
+    value's owner is a `Block` for a block argument). One attribute read: use-def walks
+    ask this tens of thousands of times a run."""
+    return getattr(owner, "operation", None)
 
 
 def defining_op(value: ir.Value) -> ir.Operation | None:
     """The op that defines `value`, or None for a block argument."""
-    return as_operation(value.owner)
+    return getattr(value.owner, "operation", None)
 
 
 def users(value: ir.Value) -> list[ir.Operation]:

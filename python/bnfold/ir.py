@@ -14,7 +14,7 @@ import io
 import os
 import re
 from collections.abc import Callable, Iterator, Sequence
-from typing import BinaryIO, Literal, cast
+from typing import Any, BinaryIO, Literal, cast
 
 # What `import jax` does first: XLA's C++ logging reads its level when jaxlib loads, and
 # without it the CPU backend's start (--check) prints its devices at INFO on stderr.
@@ -251,6 +251,12 @@ def check_target_version(version: str) -> None:
 _NAME_LOC_RE = re.compile(r'^"((?:[^"\\]|\\.)*)"\(')
 
 
+# The typed location class of jaxlib's bindings (op.location is one), where it has it.
+_FILE_LINE_COL = getattr(ir, "FileLineColLoc", None)
+# File names MLIR prints as they are: printable ASCII without a quote or a backslash.
+_PLAIN_FILE = re.compile(r'[ !#-\[\]-~]*')
+
+
 def format_location(loc: ir.Location, name: str | None = None) -> str:
     """`file:line:col` for file locations, the name for name locations.
 
@@ -258,6 +264,14 @@ def format_location(loc: ir.Location, name: str | None = None) -> str:
     Name locations keep only their name (jax.export names ops like
     `jit(f)/BatchNorm_0/sub`; the call stack behind it is noise in a report).
     """
+    if type(loc) is _FILE_LINE_COL:
+        # A point in a plainly named file, read from its fields: what the printed
+        # form gives below, without printing it (a fold's record asks twice)
+        point: Any = loc  # the stubs know only ir.Location
+        file = name if name is not None and point.filename == "-" else point.filename
+        line, col = point.start_line, point.start_col
+        if (point.end_line, point.end_col) == (line, col) and _PLAIN_FILE.fullmatch(file):
+            return f"{file}:{line}:{col}"
     text = str(loc)
     if text.startswith("loc(") and text.endswith(")"):
         text = text[4:-1]

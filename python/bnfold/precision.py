@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 import numpy as np
 
+from bnfold.elements import all_true, any_true
 from bnfold.refusal import Code, Refusal
 
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ def round_scaled(compact: np.ndarray, shape: tuple[int, ...], factor: np.ndarray
     written into `arena` when one is given (see `Arena`).
     """
     size = math.prod(shape)
-    if factor.size > 1 and (factor == factor.flat[0]).all():
+    if factor.size > 1 and all_true(factor == factor.flat[0]):
         factor = factor.reshape(-1)[:1].reshape((1,) * factor.ndim)  # a uniform scale
     if compact.shape != tuple(shape):
         product = compact.astype(np.float64) * factor
@@ -289,7 +290,7 @@ def _peak(values: np.ndarray) -> float:
 def _shrinks(factor: np.ndarray) -> bool:
     """Whether some scale is below 1 in magnitude: only then can a weight the original
     stored as a normal number become subnormal."""
-    return bool((np.abs(factor) < 1).any())
+    return any_true(np.abs(factor) < 1)
 
 
 def _below_normal(exact: np.ndarray, final: np.ndarray, effective: np.dtype,
@@ -450,7 +451,7 @@ def _check(exact: np.ndarray, storage: np.dtype, effective: np.dtype, shrinks: b
     stored = exact.astype(storage)
     final = stored if np.dtype(effective) == np.dtype(storage) else stored.astype(effective)
     final64 = final.astype(np.float64)
-    if not np.isfinite(final64).all():
+    if not all_true(np.isfinite(final64)):
         return _overflow(effective, int(np.count_nonzero(~np.isfinite(final64))),
                          float(np.nanmax(np.abs(exact))))
     lost = int(np.count_nonzero((exact != 0) & (np.abs(final64) < flushed_below(effective))))
@@ -480,7 +481,7 @@ def check_bias(shift: np.ndarray, dtype: np.dtype, what: str = "the folded bias"
     """Why the new bias (or another new constant) cannot be stored in `dtype`, or None."""
     with np.errstate(all="ignore"):
         rounded = shift.astype(dtype).astype(np.float64)
-    if not np.isfinite(rounded).all():
+    if not all_true(np.isfinite(rounded)):
         return Refusal(Code.PRECISION, f"precision: {what} overflows {type_name(dtype)}")
     return None
 
@@ -552,10 +553,10 @@ def grown_result(scale: np.ndarray, overshoot: np.ndarray | None, bound: Callabl
     within the type, or, without statistics, `ASSUMED_BOUND` times the scale (f16 has
     none)."""
     grows = np.abs(scale) > 1
-    if not grows.any():
+    if not any_true(grows):
         return None
     name, top = type_name(dtype), largest(dtype)
-    if overshoot is not None and (overshoot[grows] <= RESULT_MARGIN * top).all():
+    if overshoot is not None and all_true(overshoot[grows] <= RESULT_MARGIN * top):
         return None
     known = bound()
     if known is not None:

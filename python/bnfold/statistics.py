@@ -31,6 +31,7 @@ import numpy as np
 from bnfold import elements
 from bnfold.affine import LAYOUT, Affine, Step
 from bnfold.constants import Evaluator
+from bnfold.elements import all_true
 from bnfold.graph import defining_op
 from bnfold.ir import ir
 
@@ -220,9 +221,9 @@ def _variance(op: ir.Operation, evaluator: Evaluator, channels: int
     b = _vector(add.operands[1], evaluator, channels)
     if a is None or b is None:
         return None
-    if (b == b[0]).all() and not (a == a[0]).all():
+    if all_true(b == b[0]) and not all_true(a == a[0]):
         return a, b
-    if (a == a[0]).all() and not (b == b[0]).all():
+    if all_true(a == a[0]) and not all_true(b == b[0]):
         return b, a
     return (a, b) if float(np.max(b)) <= float(np.max(a)) else (b, a)
 

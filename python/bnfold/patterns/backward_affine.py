@@ -38,6 +38,7 @@ from bnfold.affine import Affine, Composed, Step
 from bnfold.analysis import Analysis
 from bnfold.chains import Chain, note
 from bnfold.constants import NotConst, argument_refusal, describe_argument, parameter_argument
+from bnfold.elements import all_true, any_true
 from bnfold.graph import carry_attributes, defining_op, single_block
 from bnfold.ir import ir, op_id
 from bnfold.ledger import Statistics
@@ -178,12 +179,12 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
         return reasons[0][1] if reasons else Refusal(Code.NOTHING, "nothing to fold")
     composed, kernel_axes = best
     fit = composed.affine
-    if not (np.isfinite(fit.scale).all() and np.isfinite(fit.shift).all()):
+    if not (all_true(np.isfinite(fit.scale)) and all_true(np.isfinite(fit.shift))):
         return Refusal(Code.PRECISION, "folded scale or shift is not finite")
     rewrites: list[KernelRewrite] | None = None
     # A normalization always gets new, canonical kernel constants; merging a
     # bias (require_normalizing=False) keeps the kernels when the scale is 1.
-    if require_normalizing or (fit.scale != 1).any():
+    if require_normalizing or any_true(fit.scale != 1):
         rewrites = []
         scaled_in = compute if narrow_kernels else \
             _scaled_in(list(composed.steps), fit, compute, analysis)
@@ -201,13 +202,13 @@ def plan_fold(source: Source, chain: Chain, analysis: Analysis, *,
             rewrites.append(planned)
     lead = affine.leading_converts(list(composed.steps))
     holds = _narrowest(compute, lead)
-    if rewrites is not None and (np.abs(fit.scale) > 1).any() and (
+    if rewrites is not None and any_true(np.abs(fit.scale) > 1) and (
             problem := precision.grown_result(
                 fit.scale, _overshoot(composed, Affine.identity(shape, fit.origin), holds),
                 lambda: _result_bound(list(composed.steps), fit, analysis), holds,
                 _producer_word(source.leaves[0]))):
         return problem
-    bias = fit.shift if (fit.shift != 0).any() else None
+    bias = fit.shift if any_true(fit.shift != 0) else None
     bias_type = elements.ranked_type(lead[-1].result if lead else source.value)
     bias_dtype = elements.numpy_dtype(bias_type.element_type) if bias_type else compute
     if bias is not None and (problem := precision.check_bias(bias, bias_dtype or compute)):

@@ -14,6 +14,7 @@ import numpy as np
 
 from bnfold import elements, precision, producers
 from bnfold.affine import LAYOUT
+from bnfold.elements import all_true, any_true
 from bnfold.graph import carry_attributes, defining_op, function_name
 from bnfold.ir import ir, stablehlo
 from bnfold.producers import Kernel
@@ -167,7 +168,7 @@ def constant_scale(steps: list[Step], fit: Affine) -> bool:
     scales = [s for s in steps if s.name not in LAYOUT]  # a transpose before it is no step
     return bool(scales) and all(s.name in ("stablehlo.multiply", "stablehlo.divide")
                                 for s in scales) and \
-        bool((fit.shift == 0).all()) and bool((fit.scale == fit.scale[0]).all()) and \
+        all_true(fit.shift == 0) and all_true(fit.scale == fit.scale[0]) and \
         abs(float(fit.scale[0])) != 1
 
 
@@ -182,7 +183,7 @@ def kind(steps: list[Step], fit: Affine) -> str:
     a mean pool's divide)."""
     if any(s.name == "stablehlo.batch_norm_inference" for s in steps):
         return "normalization"
-    if (fit.shift != 0).any() and (np.abs(fit.scale) != 1).any():
+    if any_true(fit.shift != 0) and any_true(np.abs(fit.scale) != 1):
         return "normalization"  # checked before the walk of the constants: cheaper
     return "normalization" if has_variance(steps) else "affine"
 
