@@ -38,7 +38,7 @@ def defining_op(value: ir.Value) -> ir.Operation | None:
 
 def users(value: ir.Value) -> list[ir.Operation]:
     """Every op that uses `value` (once per use)."""
-    return [u for u in (as_operation(use.owner) for use in value.uses) if u is not None]
+    return [u for use in value.uses if (u := getattr(use.owner, "operation", None)) is not None]
 
 
 def is_pure(op: ir.Operation) -> bool:

@@ -454,9 +454,12 @@ def _check(exact: np.ndarray, storage: np.dtype, effective: np.dtype, shrinks: b
     if not all_true(np.isfinite(final64)):
         return _overflow(effective, int(np.count_nonzero(~np.isfinite(final64))),
                          float(np.nanmax(np.abs(exact))))
-    lost = int(np.count_nonzero((exact != 0) & (np.abs(final64) < flushed_below(effective))))
-    if lost:
-        return _underflow(effective, lost)
+    flushed = flushed_below(effective)
+    final_magnitude = np.abs(final64)
+    if final_magnitude.size and float(final_magnitude.min()) < flushed:  # else none is lost
+        lost = int(np.count_nonzero((exact != 0) & (final_magnitude < flushed)))
+        if lost:
+            return _underflow(effective, lost)
     magnitude = np.abs(exact)
     if shrinks and (problem := _below_normal(exact, final64, effective,
                                              float(magnitude.max(initial=0.0)))):

@@ -339,17 +339,21 @@ def _chain_source(value: ir.Value, user: ir.Operation, analysis: Analysis
     value with no other live user (the caller's own part of the chain: `conv * 1.2` before
     the helper folds first, and a second run must not find more), or None."""
     for _ in range(MAX_CHAIN_WALK):
-        sole = analysis.sole_live_user(value)
-        if sole is None or sole != user:
-            return None
+        # The owner first: a constant passed to every call of a helper has hundreds of
+        # users, and none of them matters when it is no producer or step.
         owner = defining_op(value)
         if owner is None:
             return None
-        if producers.is_producer(owner):
-            return owner
-        step = analysis.step(owner)
-        if step is None:
+        producer = producers.is_producer(owner)
+        step = None if producer else analysis.step(owner)
+        if not producer and step is None:
             return None
+        sole = analysis.sole_live_user(value)
+        if sole is None or sole != user:
+            return None
+        if producer:
+            return owner
+        assert step is not None
         value, user = step.x, owner
     return None
 

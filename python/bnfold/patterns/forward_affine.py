@@ -133,6 +133,9 @@ def find(producer: ir.Operation, analysis: Analysis) -> Match | None:
         return None
     steps: list[Step] = []
     value = producer.operands[act_index]
+    owner = defining_op(value)
+    if owner is None or (owner.name != "stablehlo.pad" and analysis.step(owner) is None):
+        return None  # no step (or pad) computes the activation: nothing to fold forward
     leaves = _leaves(producer, value, act_index, analysis)
     if leaves is None or leaves[0] != producer:
         return None  # not a chain's only reader, or another branch's producer matches for all
@@ -549,9 +552,8 @@ class ForwardAffine(Pattern[ir.Operation, Match, Plan]):
             yield ctx.rewriter.current(producer)  # a backward fold may have replaced it
 
     def match(self, ctx: Context, root: ir.Operation) -> Match | None:
-        if ctx.analysis.is_dead(root):
-            return None
-        return find(root, ctx.analysis)
+        found = find(root, ctx.analysis)  # mostly None at once: liveness costs more
+        return None if found is None or ctx.analysis.is_dead(root) else found
 
     def plan(self, ctx: Context, match: Match) -> Plan | Refusal | None:
         found = plan(match, ctx.analysis, pad_uniform_shift=ctx.options.pad_uniform_shift)

@@ -823,10 +823,13 @@ class ForwardNorm(Pattern[ir.Operation, Match, Plan]):
         seen: set[int] = set()
         for producer in chains.candidates(ctx).producers:
             producer = ctx.rewriter.current(producer)
-            if ctx.analysis.is_dead(producer):
-                continue
+            live: bool | None = None  # asked at its first owner: mostly none, and it costs more
             for operand in producer.operands:
                 for owner in _behind(operand, producer.block, ctx.analysis):
+                    if live is None:
+                        live = not ctx.analysis.is_dead(producer)
+                    if not live:
+                        break
                     key = ctx.rewriter.handle(owner)
                     if key not in seen:
                         seen.add(key)
