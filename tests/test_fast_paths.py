@@ -9,7 +9,7 @@
     numpy_dtype, is_float the bindings' type class == the TypeID (and the name)
     any_true, all_true    np.count_nonzero == ndarray.any / ndarray.all
     defining_op           one attribute read == the isinstance checks
-    the CLI process       runs without the cyclic collector
+    the CLI process       folds without the cyclic collector (quantizing with it)
 """
 
 from __future__ import annotations
@@ -229,19 +229,40 @@ def test_defining_op_is_the_owner_op_or_none() -> None:
         assert any(graph.defining_op(v) is None for op in ops for v in op.operands)
 
 
-def test_the_cli_process_runs_without_the_cyclic_collector(tmp_path: Path) -> None:
-    """`bnfold-opt` and `python -m bnfold` turn the collector off (bnfold.cli.run); a
-    library caller's process keeps it."""
+def _collector_during_fold(extra: list[str], out: Path) -> str:
+    """Whether the collector is on while `bnfold-opt ... extra` folds (in a new process)."""
+    module = ROOT / "testdata" / "conv2d_nhwc_bn.mlir"
     code = ("import gc, sys, bnfold.cli as cli\n"
-            "assert gc.isenabled()\n"
-            "cli.main = lambda: print('collector', gc.isenabled()) or 0\n"
+            "real = cli.fold_source\n"
+            "def spy(*args, **kwargs):\n"
+            "    print('collector', gc.isenabled(), flush=True)\n"
+            "    return real(*args, **kwargs)\n"
+            "cli.fold_source = spy\n"
+            f"sys.argv = ['bnfold-opt', '-q', {str(module)!r}, '-o', {str(out)!r}, *{extra!r}]\n"
             "cli.run()\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=False)
-    assert (run.returncode, run.stdout.strip()) == (0, "collector False"), run.stderr
-    module = ROOT / "testdata" / "conv2d_nhwc_bn.mlir"
+    assert run.returncode == 0, run.stderr
+    assert "stablehlo.batch_norm_inference" not in out.read_text()
+    return run.stdout.strip()
+
+
+def test_a_plain_fold_runs_without_the_cyclic_collector(tmp_path: Path) -> None:
+    """`bnfold-opt` (bnfold.cli.run) folds with the collector off; the quantization
+    stages and pass pipelines run with it on; a library caller's process keeps it."""
     out = tmp_path / "folded.mlir"
+    assert _collector_during_fold([], out) == "collector False"
+    assert _collector_during_fold(["--equalize"], out) == "collector True"
+    assert _collector_during_fold(["--quantize-weights", "int8"], out) == "collector True"
+    assert _collector_during_fold(["--pass-pipeline", "builtin.module(bnfold-fold)"], out) == \
+        "collector True"
+    module = ROOT / "testdata" / "conv2d_nhwc_bn.mlir"
+    code = ("import gc, bnfold\n"
+            f"bnfold.fold_source(path={str(module)!r})\n"
+            "print('collector', gc.isenabled())\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=False)
+    assert (run.returncode, run.stdout.strip()) == (0, "collector True"), run.stderr
     run = subprocess.run([sys.executable, "-m", "bnfold", "-q", str(module), "-o", str(out)],
                          capture_output=True, text=True, check=False)
     assert run.returncode == 0, run.stderr
-    assert "stablehlo.batch_norm_inference" not in out.read_text()
